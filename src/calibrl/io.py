@@ -1,0 +1,47 @@
+"""Atomic file output: every file the pipeline writes appears complete or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``.
+
+    The temporary file lives in the same directory so the final ``os.replace`` is atomic; on an
+    exception (or a kill before the rename) only a ``.tmp`` file is left, which no rule trusts.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
+    """CSV (gzip when the name ends in .gz), written atomically, without the index."""
+    compression = "gzip" if str(path).endswith(".gz") else None
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False, compression=compression, float_format="%.6g")

@@ -1,0 +1,43 @@
+"""The config is validated at start-up: a mistyped or invalid key fails at once, naming the key."""
+
+import pytest
+from conftest import load_config, snakemake, write_config
+
+
+def mutate(cfg, path, value):
+    node = cfg
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (("tyo",), {}, "tyo"),
+        (("toy", "sedes"), 3, "sedes"),
+        (("toy", "steps"), "many", "many"),
+        (("toy", "init"), "ones", "ones"),
+        (("toy", "lr", "sgd"), -1, "-1"),
+        (("toy", "estimator"), "grpoo", "grpoo"),
+        (("toy", "group_sizes"), [1, 8], "1"),
+        (("toy", "iac_alpha"), -0.5, "-0.5"),
+        (("toy", "fig5_optimizers"), ["rmsprop"], "rmsprop"),
+    ],
+)
+def test_bad_config_fails_at_once_naming_the_key(workflow_dir, path, value, expected):
+    cfg = mutate(load_config(workflow_dir), path, value)
+    bad = write_config(workflow_dir / "bad.yaml", cfg)
+    proc = snakemake(workflow_dir, "-n", "--configfile", str(bad), check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Error validating config file" in out and expected in out, out[-2000:]
+
+
+def test_shipped_config_plans(workflow_dir):
+    proc = snakemake(workflow_dir, "-n", "--quiet", "rules")
+    assert "toy_figure" in proc.stdout
