@@ -92,9 +92,7 @@ def get_estimator(name: str) -> Estimator:
     try:
         return ESTIMATORS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}"
-        ) from None
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}") from None
 
 
 def iac_factor(advantages: torch.Tensor, alpha: float) -> torch.Tensor:

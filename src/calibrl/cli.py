@@ -59,22 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="advantage estimator: raw, mean, norm (GRPO), rloo, rpp (Reinforce++ with "
         "baseline), drgrpo (default: raw)",
     )
-    toy.add_argument(
-        "--group-size", "-G", type=int, default=8, help="responses sampled per step, G (default: 8)"
-    )
+    toy.add_argument("--group-size", "-G", type=int, default=8, help="responses sampled per step, G (default: 8)")
     toy.add_argument(
         "--optimizer",
         choices=("sgd", "momentum", "adamw"),
         default="sgd",
         help="optimizer (default: sgd; momentum is SGD with momentum 0.9)",
     )
-    toy.add_argument(
-        "--lr", type=float, default=None, help=f"learning rate (default per optimizer: {DEFAULT_LR})"
-    )
+    toy.add_argument("--lr", type=float, default=None, help=f"learning rate (default per optimizer: {DEFAULT_LR})")
     toy.add_argument("--steps", type=int, default=500, help="training steps (default: 500, as the paper)")
-    toy.add_argument(
-        "--seeds", type=int, default=256, help="independent seeds, simulated at once (default: 256)"
-    )
+    toy.add_argument("--seeds", type=int, default=256, help="independent seeds, simulated at once (default: 256)")
     toy.add_argument("--seed", type=int, default=0, help="random seed of the whole run (default: 0)")
     toy.add_argument(
         "--init",
@@ -85,9 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     toy.add_argument("--iac-alpha", type=float, default=0.0, help="IAC strength alpha, 0 = off (default: 0)")
     toy.add_argument("--dlc-mu", type=float, default=0.0, help="DLC memory weight mu, 0 = off (default: 0)")
-    toy.add_argument(
-        "--memory-lr", type=float, default=0.5, help="SGD learning rate of the DLC memory (default: 0.5)"
-    )
+    toy.add_argument("--memory-lr", type=float, default=0.5, help="SGD learning rate of the DLC memory (default: 0.5)")
     toy.add_argument(
         "--siamese",
         choices=("high", "mid", "low"),

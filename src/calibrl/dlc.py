@@ -21,9 +21,7 @@ def calibrated_logits(policy_logits: torch.Tensor, memory_logits: torch.Tensor, 
     return policy_logits - mu * memory_logits.to(policy_logits.dtype)
 
 
-def sampling_distribution(
-    policy_logits: torch.Tensor, memory_logits: torch.Tensor, mu: float
-) -> torch.Tensor:
+def sampling_distribution(policy_logits: torch.Tensor, memory_logits: torch.Tensor, mu: float) -> torch.Tensor:
     """``pi_sample(o|q) proportional to exp(f~(q, o))`` (Section 3.2), as probabilities over the last axis."""
     return torch.softmax(calibrated_logits(policy_logits, memory_logits, mu), dim=-1)
 

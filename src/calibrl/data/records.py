@@ -1,0 +1,202 @@
+"""The JSONL record schema shared by the real benchmarks and the synthetic countdown task.
+
+One JSON object per line. Required keys, each a non-empty string:
+
+``id``       unique within a file
+``problem``  the prompt text the model sees
+``answer``   the gold answer (for countdown: the target number, e.g. ``"15"``)
+``source``   where the record comes from (e.g. ``"countdown-train"``, ``"math500"``)
+
+Optional: ``verifier`` (an object with task-specific data for the grader). Other keys are kept as is.
+
+Blank (whitespace-only) lines are ignored. A bad row -- bytes that are not UTF-8, invalid JSON, a
+value that is not an object, a missing, empty or non-string required key, a ``verifier`` that is not
+an object, or an ``id`` seen earlier in the file -- either aborts the read with a :class:`DataError`
+naming the file, the 1-based line number and the problem (``on_error="fail"``), or is dropped and
+counted per reason (``on_error="skip"``); the counts are logged and kept on ``Records.skipped``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+REQUIRED_KEYS = ("id", "problem", "answer", "source")
+OPTIONAL_KEYS = ("verifier",)
+
+# skip reasons (the keys of Records.skipped)
+INVALID_UTF8 = "invalid_utf8"
+INVALID_JSON = "invalid_json"
+NOT_AN_OBJECT = "not_an_object"
+MISSING_KEY = "missing_key"
+EMPTY_KEY = "empty_key"
+WRONG_TYPE = "wrong_type"
+DUPLICATE_ID = "duplicate_id"
+
+
+class DataError(ValueError):
+    """A data file or record does not follow the record schema."""
+
+
+class Records(list):
+    """The rows of a JSONL file (a plain ``list`` of dicts) plus what was dropped while reading.
+
+    ``skipped`` maps a reason (``invalid_json``, ``duplicate_id``, ...) to the number of rows dropped
+    for it; it is empty after a clean read and always empty with ``on_error="fail"``.
+    """
+
+    def __init__(
+        self, rows: Iterable[dict] = (), skipped: Mapping[str, int] | None = None, path: str | Path | None = None
+    ):
+        super().__init__(rows)
+        self.skipped: dict[str, int] = dict(skipped or {})
+        self.path = Path(path) if path is not None else None
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+
+def record_problem(record: object) -> tuple[str, str] | None:
+    """``(reason, message)`` if ``record`` breaks the schema (the duplicate-id rule aside), else None."""
+    if not isinstance(record, dict):
+        return NOT_AN_OBJECT, f"expected a JSON object, got {type(record).__name__}"
+    for key in REQUIRED_KEYS:
+        if key not in record:
+            return MISSING_KEY, f"missing required key {key!r}"
+        value = record[key]
+        if not isinstance(value, str):
+            return WRONG_TYPE, f"key {key!r} must be a string, got {type(value).__name__}"
+        if not value.strip():
+            return EMPTY_KEY, f"required key {key!r} is empty"
+    if "verifier" in record and not isinstance(record["verifier"], dict):
+        return WRONG_TYPE, f"key 'verifier' must be an object, got {type(record['verifier']).__name__}"
+    return None
+
+
+def validate_record(record: object) -> None:
+    """Raise :class:`DataError` if ``record`` breaks the schema (uniqueness of ids is a file property)."""
+    problem = record_problem(record)
+    if problem is not None:
+        raise DataError(problem[1])
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _parse_line(raw: bytes, lineno: int) -> tuple[str, str] | dict | None:
+    """The record on one line, None for a blank line, or ``(reason, message)`` for a bad row."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return INVALID_UTF8, f"bytes are not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    if lineno == 1 and text.startswith("\ufeff"):
+        text = text[1:]
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        return INVALID_JSON, f"invalid JSON: {exc}"
+    problem = record_problem(obj)
+    return problem if problem is not None else obj
+
+
+def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail") -> Records:
+    """Read and validate a JSONL file of records.
+
+    ``on_error="fail"`` raises :class:`DataError` (``"<file>:<line>: <problem>"``) on the first bad
+    row; ``"skip"`` drops bad rows, logs a warning with the count per reason and records the counts
+    on the returned :class:`Records` (``.skipped``). With duplicate ids the first row is kept.
+    """
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
+    path = Path(path)
+    rows: list[dict] = []
+    skipped: Counter[str] = Counter()
+    first_line: dict[str, int] = {}
+    with open(path, "rb") as fh:  # binary: lines end at b"\n" only, and bad bytes stay on their line
+        for lineno, raw in enumerate(fh, start=1):
+            parsed = _parse_line(raw, lineno)
+            if parsed is None:
+                continue
+            if isinstance(parsed, dict):
+                rid = parsed["id"]
+                if rid not in first_line:
+                    first_line[rid] = lineno
+                    rows.append(parsed)
+                    continue
+                parsed = DUPLICATE_ID, f"duplicate id {rid!r} (first on line {first_line[rid]})"
+            reason, message = parsed
+            if on_error == "fail":
+                raise DataError(f"{path}:{lineno}: {message}")
+            skipped[reason] += 1
+    if skipped:
+        log.warning(
+            "%s: skipped %d bad row(s): %s",
+            path,
+            sum(skipped.values()),
+            ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items())),
+        )
+    return Records(rows, skipped=dict(sorted(skipped.items())), path=path)
+
+
+def write_jsonl(path: str | Path, records: Iterable[Mapping]) -> int:
+    """Write ``records`` as JSONL, atomically; returns the number of rows written.
+
+    Every record is validated first (and ids must be unique), so a bad record raises
+    :class:`DataError` and leaves any existing file untouched. The rows go to a temporary file in the
+    target's directory, which is flushed, fsynced and then renamed onto ``path`` with ``os.replace``;
+    parent directories are created as needed.
+    """
+    path = Path(path)
+    lines: list[str] = []
+    seen: set[str] = set()
+    for index, record in enumerate(records):
+        record = dict(record) if isinstance(record, Mapping) else record
+        problem = record_problem(record)
+        if problem is not None:
+            raise DataError(f"record {index} for {path}: {problem[1]}")
+        if record["id"] in seen:
+            raise DataError(f"record {index} for {path}: duplicate id {record['id']!r}")
+        seen.add(record["id"])
+        try:
+            lines.append(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"record {index} for {path}: not JSON-serialisable: {exc}") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.writelines(lines)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return len(lines)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (best effort: not every platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
