@@ -24,9 +24,7 @@ def copy_workflow(dest: Path) -> Path:
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([*SNAKEMAKE, *args], cwd=workdir, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise AssertionError(
-            f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-        )
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 

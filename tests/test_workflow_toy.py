@@ -22,9 +22,7 @@ def test_toy_target_end_to_end(workflow_dir):
     assert {"seed", "step", "p_cat", "p_persian", "p_siamese_heldout"} <= set(seeds.columns)
     assert seeds["seed"].nunique() == 12 and sorted(seeds["step"].unique()) == [0, 20, 40, 60]
     stats = pd.read_csv(toy / "fig1" / "stats.csv")
-    assert len(stats) == 9 and {"t90_median", "collapsed_end", "cat_won", "dominance_auc"} <= set(
-        stats.columns
-    )
+    assert len(stats) == 9 and {"t90_median", "collapsed_end", "cat_won", "dominance_auc"} <= set(stats.columns)
     verdicts = (toy / "verdicts.md").read_text()
     for claim in ("Larger G delays collapse", "IAC retards collapse", "IAC + DLC arrests collapse"):
         assert claim in verdicts
@@ -34,9 +32,7 @@ def test_toy_target_end_to_end(workflow_dir):
     client = MlflowClient(tracking_uri=runs["tracking_uri"])
     exp = client.get_experiment_by_name(cfg["mlflow_experiment"])
     first = client.search_runs([exp.experiment_id], max_results=1000)
-    n_configs = (
-        9 + 9 + 9 + 9 + 3 * len(cfg["toy"]["fig5_estimators"]) * len(cfg["toy"]["fig5_optimizers"]) * 3
-    )
+    n_configs = 9 + 9 + 9 + 9 + 3 * len(cfg["toy"]["fig5_estimators"]) * len(cfg["toy"]["fig5_optimizers"]) * 3
     assert len(first) == n_configs + 1
     one = [r for r in first if r.data.tags.get("figure") == "fig1"][0]
     assert len(client.get_metric_history(one.info.run_id, "p_winner_mean")) == 4
@@ -47,7 +43,5 @@ def test_toy_target_end_to_end(workflow_dir):
     assert "Nothing to be done" in again.stdout + again.stderr
     snakemake(workflow_dir, "--cores", "1", "toy", "--configfile", str(small), "--forcerun", "toy_mlflow")
     second = client.search_runs([exp.experiment_id], max_results=1000)
-    assert {(r.info.run_name, r.info.run_id) for r in second} == {
-        (r.info.run_name, r.info.run_id) for r in first
-    }
+    assert {(r.info.run_name, r.info.run_id) for r in second} == {(r.info.run_name, r.info.run_id) for r in first}
     assert len(client.get_metric_history(one.info.run_id, "p_winner_mean")) == 4

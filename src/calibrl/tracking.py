@@ -92,9 +92,7 @@ class Store:
                 log.info("replacing changed MLflow run %s (%s)", run.info.run_id, record.key)
                 self.client.delete_run(run.info.run_id)
         if run_id is None:
-            run_id = self.client.create_run(
-                exp_id, run_name=record.name, tags={KEY_TAG: record.key}
-            ).info.run_id
+            run_id = self.client.create_run(exp_id, run_name=record.name, tags={KEY_TAG: record.key}).info.run_id
         tags = [RunTag(k, str(v)) for k, v in {**record.tags, KEY_TAG: record.key}.items()]
         params = [Param(k, str(v)[:6000]) for k, v in record.params.items()]
         metrics = [Metric(k, float(v), _TIMESTAMP_MS, int(s)) for k, v, s in record.metrics]

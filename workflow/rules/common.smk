@@ -1,5 +1,7 @@
 # Validation of the config and the helpers every rule file uses.
 
+import re
+
 from snakemake.utils import validate
 
 
@@ -16,3 +18,46 @@ wildcard_constraints:
 def res(path):
     """A path under the results folder of this config."""
     return f"{RESULTS}/{path}"
+
+
+# ---- the RLVR grid: which runs the tables need (logic in calibrl.grid) ----
+from calibrl import grid as G
+
+G.check(config)
+GRID = config["grid"]
+RUNS = G.runs(config)
+EVAL_STEPS = G.eval_steps(config)
+SPLITS = list(GRID["data"]["splits"])
+MODELS = list(GRID["models"]) + list(GRID.get("memory_models", {}))
+
+
+wildcard_constraints:
+    model="|".join(re.escape(m) for m in MODELS),
+    method="|".join(re.escape(m) for m in GRID["methods"]),
+    seed=r"\d+",
+    step=r"\d+",
+    split="|".join(SPLITS),
+
+
+def run_dir(wildcards):
+    return res(f"runs/{wildcards.model}/{wildcards.method}/s{wildcards.seed}")
+
+
+def train_inputs(wildcards):
+    """The policy's warm start, the training data, and the memory's warm start when the method uses DLC."""
+    inputs = {
+        "init": res(f"models/{wildcards.model}/init.json"),
+        "train": res("data/train.jsonl"),
+    }
+    if G.method(config, wildcards.method).dlc_mu > 0:
+        memory = GRID["models"][wildcards.model]["memory"]
+        inputs["memory"] = res(f"models/{memory}/init.json")
+    return inputs
+
+
+def run_outputs(run, name):
+    return res(f"runs/{run.path}/{name}")
+
+
+ALL_EVALS = [run_outputs(r, f"eval/step_{k}.json") for r in RUNS for k in EVAL_STEPS]
+ALL_METRICS = [run_outputs(r, "metrics.jsonl") for r in RUNS]

@@ -61,9 +61,7 @@ def figure_settings(figure: str, cfg: dict) -> Iterator[tuple[dict, ToySetting]]
         for opt, g in itertools.product(("sgd", "momentum", "adamw"), sizes):
             yield {"optimizer": opt, "group_size": g}, _setting(cfg, optimizer=opt, group_size=g)
     elif figure == "fig5":
-        for est, opt, variant, g in itertools.product(
-            cfg["fig5_estimators"], cfg["fig5_optimizers"], VARIANTS, sizes
-        ):
+        for est, opt, variant, g in itertools.product(cfg["fig5_estimators"], cfg["fig5_optimizers"], VARIANTS, sizes):
             use_iac, use_dlc = VARIANTS[variant]
             factors = {"estimator": est, "optimizer": opt, "variant": variant, "group_size": g}
             yield (

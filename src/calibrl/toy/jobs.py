@@ -16,15 +16,11 @@ from calibrl.toy.plots import plot_figure
 log = logging.getLogger("calibrl.toy")
 
 
-def figure_job(
-    figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_csv: str, plot_png: str
-) -> None:
+def figure_job(figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_csv: str, plot_png: str) -> None:
     """Simulate one figure and write its per-seed data, curves, statistics and plot."""
     total = sum(1 for _ in figure_settings(figure, cfg))
     progress = Progress(f"toy {figure}: configurations", total, log, every=2.0)
-    log.info(
-        "%s: %d configurations x %d seeds x %d steps", FIGURES[figure], total, cfg["seeds"], cfg["steps"]
-    )
+    log.info("%s: %d configurations x %d seeds x %d steps", FIGURES[figure], total, cfg["seeds"], cfg["steps"])
     traj, curves, stats = run_figure(figure, cfg, progress=lambda f: progress.update(note=str(f)))
     write_csv(seeds_csv, traj)
     write_csv(curves_csv, curves)

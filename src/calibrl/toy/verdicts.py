@@ -180,6 +180,7 @@ def comparisons(stats: dict[str, pd.DataFrame]) -> pd.DataFrame:
         iac = _row(f5, estimator=est, optimizer=opt, group_size=g, variant="iac")
         both = _row(f5, estimator=est, optimizer=opt, group_size=g, variant="iac+dlc")
         rows.append(_compare("iac", ctx, iac, base, auc, "iac", "baseline", False))
+        rows.append(_compare("iac_dlc", ctx, both, base, auc, "iac+dlc", "baseline", False))
         rows.append(_threshold("iac_dlc", ctx, both, "collapsed_end", "<=", 0.05))
         rows.append(_threshold("iac_dlc", ctx, both, "dominance_end", "<=", 0.9))
     return pd.DataFrame(rows)

@@ -1,0 +1,249 @@
+"""The grid's jobs as the workflow runs them: data, warm start, training, evaluation.
+
+Each function takes plain values (paths and config sections), so a rule's script is one call and the
+same job can be run by hand or from a test.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from calibrl import grid as G
+from calibrl.data import countdown
+from calibrl.data.records import read_jsonl, write_jsonl
+from calibrl.io import write_json
+
+log = logging.getLogger("calibrl.pipeline")
+
+
+def _threads(n: int) -> None:
+    """Each job uses its own cores only: Snakemake runs several jobs side by side."""
+    torch.set_num_threads(max(1, int(n)))
+
+
+def data_job(data: dict, out_paths: dict[str, str], manifest: str) -> None:
+    """Generate the synthetic splits (``calibrl.data.countdown``), with a manifest of what was made."""
+    entries = {}
+    for split, path in out_paths.items():
+        records = countdown.generate(split, data["splits"][split], data["seed"])
+        write_jsonl(path, records)
+        sols = [len(r["verifier"]["solutions"]) for r in records]
+        entries[split] = {
+            "path": str(path),
+            "rows": len(records),
+            "mean_solutions": sum(sols) / len(sols),
+            "multi_solution_share": sum(s >= 2 for s in sols) / len(sols),
+        }
+        log.info("%s: %s", split, entries[split])
+    write_json(
+        manifest, {"source": "countdown (synthetic, calibrl.data.countdown)", "seed": data["seed"], "splits": entries}
+    )
+
+
+def architecture(grid: dict, model: str) -> dict:
+    archs = {**grid["models"], **grid.get("memory_models", {})}
+    return {k: v for k, v in archs[model].items() if k != "memory"}
+
+
+def warmstart_job(grid: dict, model: str, train_path: str, model_dir: str, info_path: str, threads: int = 1) -> None:
+    from calibrl.train.warmstart import warmstart
+
+    _threads(threads)
+    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    ws = grid["warmstart"]
+    info = warmstart(
+        records,
+        architecture(grid, model),
+        ws["steps"],
+        ws["batch_size"],
+        ws["lr"],
+        grid["seed"],
+        grid["prompt_template"],
+        model_dir,
+    )
+    write_json(info_path, {**info, "model": model, "path": str(Path(model_dir).resolve())})
+
+
+def train_settings(grid: dict):
+    from calibrl.train.local import TrainSettings
+
+    return TrainSettings(**grid["train"])
+
+
+def train_job(
+    grid: dict,
+    model: str,
+    method: str,
+    seed: int,
+    train_path: str,
+    init_info: str,
+    run_dir: str,
+    memory_info: str | None = None,
+    threads: int = 1,
+) -> None:
+    """Train one (model, method, seed) run to ``grid.train.steps``, resuming from its last checkpoint."""
+    import json
+
+    from calibrl.tasks import Scorer
+    from calibrl.train.local import Trainer
+
+    _threads(threads)
+    m = G.method({"grid": grid}, method)
+    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    init_dir = json.loads(Path(init_info).read_text())["path"]
+    memory_dir = json.loads(Path(memory_info).read_text())["path"] if memory_info else None
+    with Scorer(workers=grid.get("workers", 1)) as scorer:
+        trainer = Trainer(
+            m,
+            train_settings(grid),
+            records,
+            init_dir,
+            run_dir,
+            scorer,
+            seed=seed,
+            memory_dir=memory_dir,
+            template=grid["prompt_template"],
+        )
+        trainer.run()
+
+
+def evaluate_job(
+    grid: dict, marker: str, split_paths: dict[str, str], out_path: str, step: int, threads: int = 1
+) -> None:
+    import json
+
+    from calibrl.evaluate import evaluate_policy
+    from calibrl.models import load
+    from calibrl.tasks import Scorer
+
+    _threads(threads)
+    policy_dir = json.loads(Path(marker).read_text())["policy"]
+    policy, tokenizer = load(policy_dir)
+    splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
+    ev = grid["eval"]
+    with Scorer(workers=grid.get("workers", 1)) as scorer:
+        results = evaluate_policy(
+            policy,
+            tokenizer,
+            splits,
+            scorer.grades,
+            ev["n"],
+            ev["k"],
+            ev["temperature"],
+            ev["top_p"],
+            ev["max_new_tokens"],
+            grid["prompt_template"],
+            seed=grid["seed"],
+        )
+    write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})
+
+
+def aggregate_job(
+    grid: dict,
+    eval_paths: list[str],
+    metric_paths: list[str],
+    root: str,
+    out_dir: str,
+    store_dir: str,
+    experiment: str,
+    done_path: str,
+) -> None:
+    """Tables 2-5, Figure 6, plots and the orderings summary from the result files; then the MLflow sync."""
+    from calibrl import report as R
+
+    out = Path(out_dir)
+    evals = R.load_evals(eval_paths, root)
+    train = R.load_train_metrics(metric_paths, root)
+    tables = R.build_tables(evals, grid)
+    R.write_tables(tables, out / "tables", grid)
+    fig6 = R.figure6(train, grid)
+    from calibrl.io import write_csv, write_text
+
+    write_csv(out / "tables" / "figure6_entropy.csv", fig6)
+    R.plot_over_steps(
+        fig6,
+        "entropy_smoothed",
+        "method",
+        "Figure 6: policy entropy (5-step mean)",
+        "entropy (nats per token)",
+        out / "figures" / "figure6_entropy.png",
+    )
+    main_seed = evals[evals["seed"] == grid["seed"]]
+    for metric, label in R.metrics(grid).items():
+        for model in grid["models"]:
+            sub = main_seed[(main_seed["metric"] == metric) & (main_seed["model"] == model)]
+            R.plot_over_steps(
+                sub.assign(value=sub["value"] * 100),
+                "value",
+                "method",
+                f"{label} {model}",
+                f"{label} (%)",
+                out / "figures" / f"{metric}_{model}.png",
+                panels="split",
+            )
+    ent = train[train["seed"] == grid["seed"]]
+    R.plot_over_steps(
+        ent,
+        "entropy",
+        "method",
+        "policy entropy",
+        "entropy (nats per token)",
+        out / "figures" / "entropy_all.png",
+        panels="model",
+    )
+    checks = R.orderings(tables, evals, fig6, grid)
+    noise = R.noise_table(evals, grid)
+    write_text(out / "summary.md", R.render_summary(checks, noise, grid))
+    for c in checks:
+        log.info("%s: %s (%s)", c["claim"], "holds" if c["holds"] else "does not hold", c["detail"])
+    _sync_grid_mlflow(grid, evals, train, out, store_dir, experiment)
+    write_json(done_path, {"tables": sorted(str(p) for p in (out / "tables").glob("*")), "orderings": checks})
+
+
+def _sync_grid_mlflow(grid: dict, evals, train, out: Path, store_dir: str, experiment: str) -> None:
+    from calibrl.tracking import RunRecord, Store
+
+    store = Store(store_dir)
+    train_settings_dict = grid["train"]
+    for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
+        m = G.method({"grid": grid}, method)
+        metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
+        tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
+        for col in ("reward", "accuracy", "entropy", "response_length", "distinct_correct", "kl", "loss", "clip_frac"):
+            if col in tr:
+                metrics += [(f"train/{col}", v, s) for s, v in zip(tr["step"], tr[col]) if v == v]
+        tables = [t for t, names in grid["tables"].items() if method in names]
+        record = RunRecord(
+            key=f"grid/{model}/{method}/s{seed}",
+            name=f"{model}/{method}/s{seed}",
+            params={
+                "model": model,
+                "method": method,
+                "seed": seed,
+                **m.to_dict(),
+                **{f"train.{k}": v for k, v in train_settings_dict.items()},
+                **{f"eval.{k}": v for k, v in grid["eval"].items()},
+                **{f"arch.{k}": v for k, v in architecture(grid, model).items()},
+            },
+            tags={
+                "part": "grid",
+                "model": model,
+                "method": method,
+                "alpha": m.iac_alpha,
+                "mu": m.dlc_mu,
+                "seed": seed,
+                "table": ",".join(tables),
+                "trainer": grid["trainer"],
+            },
+            metrics=metrics,
+        )
+        store.upsert(experiment, record)
+    artifacts = [(p, "tables") for p in sorted((out / "tables").glob("*"))]
+    artifacts += [(p, "figures") for p in sorted((out / "figures").glob("*.png"))]
+    artifacts.append((out / "summary.md", "summary"))
+    store.upsert(
+        experiment, RunRecord(key="grid/tables", name="tables and figures", tags={"part": "grid"}, artifacts=artifacts)
+    )

@@ -1,0 +1,1 @@
+"""Trainers: the compact CPU trainer (``local``) and the OpenRLHF backend (``openrlhf``)."""

@@ -1,0 +1,135 @@
+"""The local trainer on a micro setting: real tiny Qwen3 models, real math-verify grading."""
+
+import json
+
+import pytest
+import torch
+
+from calibrl.data import countdown
+from calibrl.grid import Method
+from calibrl.models import build_model, build_tokenizer, load, save
+from calibrl.tasks import Scorer
+from calibrl.train.local import Trainer, TrainSettings, aggregate, kl_penalty, overlong_penalty, ppo_clip_loss
+
+SETTINGS = TrainSettings(
+    steps=4,
+    eval_every=2,
+    prompts_per_step=4,
+    group_size=4,
+    lr=3e-3,
+    memory_lr=1e-3,
+    max_new_tokens=6,
+    ppo_minibatches=2,
+)
+ARCH = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    with Scorer(workers=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("init") / "policy"
+    tok = build_tokenizer()
+    save(build_model(tok, seed=0, **ARCH), tok, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def records():
+    return countdown.generate("train", 32, seed=0)
+
+
+def make(method, init_dir, records, scorer, out, settings=SETTINGS, memory=None):
+    torch.manual_seed(0)
+    return Trainer(method, settings, records, init_dir, out, scorer, seed=0, memory_dir=memory, template="{problem}:")
+
+
+def test_iac_changes_exactly_the_positive_advantages(init_dir, records, scorer, tmp_path):
+    # Rewards of a freshly initialised model are nearly all 0, so inject rewards through the scorer.
+    def fake_rewards(texts, recs):
+        return [(i % 3 == 0, None) for i in range(len(texts))]
+
+    base = make(Method("grpo"), init_dir, records, fake_rewards, tmp_path / "a")
+    calib = make(Method("grpo", iac_alpha=1.0), init_dir, records, fake_rewards, tmp_path / "b")
+    prompts = records[:4]
+    b1, b2 = base._rollout(prompts), calib._rollout(prompts)
+    assert torch.equal(b1.rollout.sequences, b2.rollout.sequences)  # same seed, same samples
+    a, c = b1.advantages.view(-1, 4), b2.advantages.view(-1, 4)
+    n_pos = (a > 0).sum(-1, keepdim=True)
+    assert torch.allclose(torch.where(a > 0, a * (4 - n_pos), a), c)
+    assert torch.equal(a[a <= 0], c[a <= 0])
+
+
+def test_dapo_filter_drops_all_equal_groups(init_dir, records, scorer, tmp_path):
+    trainer = make(Method("grpo", dapo=True), init_dir, records, scorer, tmp_path)
+    batch = trainer._rollout(records[:4])
+    batch.rewards = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.4])
+    assert trainer._dapo_keep(batch).tolist() == [False, False, True, True]
+    kept = trainer._select(batch, trainer._dapo_keep(batch))
+    assert len(kept.prompts) == 2 and kept.rollout.sequences.shape[0] == 8
+
+
+def test_loss_decreases_on_a_fixed_batch(init_dir, records, scorer, tmp_path):
+    trainer = make(
+        Method("grpo"), init_dir, records, lambda t, r: [(i % 2 == 0, None) for i in range(len(t))], tmp_path
+    )
+    batch = trainer._rollout(records[:4])
+    losses = [trainer._update([batch])["loss"] for _ in range(8)]
+    assert losses[-1] < losses[0]
+
+
+def test_loss_pieces_match_their_definitions():
+    logp = torch.log(torch.tensor([[0.5, 0.4]]))
+    ref = torch.log(torch.tensor([[0.25, 0.4]]))
+    k3 = kl_penalty(logp, ref, "k3")
+    assert k3[0, 0].item() == pytest.approx(0.5 - 1 - torch.log(torch.tensor(0.5)).item(), abs=1e-6)
+    assert k3[0, 1].item() == pytest.approx(0.0, abs=1e-7)
+    loss, clipped = ppo_clip_loss(torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28) and clipped.item() == 1.0
+    per_token = torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    assert aggregate(per_token, mask, "seq-mean-token-mean", 3).item() == pytest.approx(2.0)
+    assert aggregate(per_token, mask, "token-mean", 3).item() == pytest.approx(2.0)
+    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", 3).item() == pytest.approx((4 / 3 + 2 / 3) / 2)
+    assert overlong_penalty(torch.tensor([2, 3, 4, 6]), 6, 2).tolist() == [0.0, 0.0, 0.0, -1.0]
+
+
+def test_checkpoints_markers_and_exact_resume(init_dir, records, scorer, tmp_path):
+    full = make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "full")
+    full.run()
+    lines = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
+    for step in (2, 4):
+        marker = json.loads((tmp_path / "full" / "ckpt" / f"step_{step}.done").read_text())
+        model, tok = load(marker["policy"])  # a Hugging Face checkpoint, loaded through the Auto classes
+        assert type(model).__name__ == "Qwen3ForCausalLM"
+
+    half = SETTINGS.__class__(**{**SETTINGS.__dict__, "steps": 2})
+    make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "cut", settings=half).run()
+    resumed = make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "cut")
+    resumed.run()  # picks up step_2 and trains steps 3 and 4
+    for p, q in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):
+        assert torch.equal(p, q)
+    cut = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in cut] == [1, 2, 3, 4]
+    # Snakemake removes the declared outputs of a failed job: a rerun rebuilds them from the checkpoint.
+    (tmp_path / "cut" / "metrics.jsonl").unlink()
+    (tmp_path / "cut" / "ckpt" / "step_2.done").unlink()
+    make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "cut").run()
+    assert (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines() == cut
+    assert (tmp_path / "cut" / "ckpt" / "step_2.done").exists()
+
+
+def test_dlc_run_trains_the_memory(init_dir, records, scorer, tmp_path):
+    mem_dir = tmp_path / "memory"
+    tok = build_tokenizer()
+    save(build_model(tok, seed=1, **ARCH), tok, mem_dir)
+    trainer = make(Method("grpo", dlc_mu=0.5), init_dir, records, scorer, tmp_path / "run", memory=mem_dir)
+    before = [p.clone() for p in trainer.memory.parameters()]
+    metrics = trainer.train_step()
+    assert "memory_loss" in metrics
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.memory.parameters()))
