@@ -1,0 +1,218 @@
+"""The cluster path for real: `snakemake --profile slurm` against a single-node SLURM on loopback.
+
+scripts/local_slurm.sh starts SLURM (installing it with apt-get if needed; root only), the workflow runs
+a micro config through sbatch with slurm/config.yaml layered with tests/slurm_overlay.yaml (partition
+cpu, no GPUs), and a two-rule Snakefile checks that failed jobs are resubmitted as the profile says.
+"""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, write_config
+
+# slow too: minutes, and `-m "not slow"` quick runs should not start daemons
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
+OVERLAY = REPO / "tests" / "slurm_overlay.yaml"
+PROFILE = ["--profile", "slurm", "--profile", str(OVERLAY)]
+# Jobs that go through sbatch; aggregate and toy_mlflow are local rules and run in Snakemake itself.
+REMOTE_RULES = {"toy_figure": 5, "data_synthetic": 1, "toy_verdicts": 1, "warmstart": 1, "train": 1, "evaluate": 1}
+LOCAL_RULES = {"aggregate", "toy_mlflow"}
+
+
+def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
+    """Run a command in its own process group; on timeout kill the whole group and fail with its output."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} timed out after {timeout}s:\n{out[-4000:]}\n{err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def snakemake_slurm(workdir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    return run([*SNAKEMAKE, *PROFILE, *args], cwd=workdir, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------------------- cluster
+@pytest.fixture(scope="module")
+def local_slurm():
+    """A running local SLURM for the module. This pytest process holds it while the tests run; `stop`
+    stops the daemons only if no other holder (another session, a manual `start`) still uses them."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the local SLURM needs Linux")
+    if os.geteuid() != 0:
+        pytest.skip("needs root: scripts/local_slurm.sh installs SLURM with apt-get and starts its daemons")
+    if not (shutil.which("slurmctld") and shutil.which("sbatch")) and not shutil.which("apt-get"):
+        pytest.skip("SLURM is not installed and apt-get is not available to install it")
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        pytest.fail("snakemake-executor-plugin-slurm is not installed: pip install snakemake-executor-plugin-slurm")
+    env = {**os.environ, "LOCAL_SLURM_HOLDER": str(os.getpid())}
+    if env.get("CI"):  # CI containers often resolve their hostname to a network address
+        env.setdefault("LOCAL_SLURM_HOSTS_ENTRY", "1")
+    started = run([str(LOCAL_SLURM), "start"], timeout=900, env=env)
+    if started.returncode != 0:
+        run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
+        pytest.fail(f"scripts/local_slurm.sh start failed:\n{started.stdout}\n{started.stderr[-6000:]}")
+    try:
+        yield
+    finally:
+        stopped = run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def slurmctld_log() -> str:
+    conf = run(["scontrol", "show", "config"]).stdout
+    path = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", conf, re.M).group(1)
+    return Path(path).read_text(errors="replace")
+
+
+def submitted_jobs(output: str) -> dict[str, str]:
+    """SLURM job id -> log file, from Snakemake's 'has been submitted with SLURM jobid' lines."""
+    pattern = r"has been submitted with SLURM jobid (\d+) \(log: (\S+?)\)\."
+    return dict(re.findall(pattern, output))
+
+
+# -------------------------------------------------------------------------------------- workflow
+def micro_config(workdir: Path) -> dict:
+    """Far smaller than test_workflow_grid's: one model, one method, one checkpoint (the point is the path)."""
+    cfg = load_config(workdir)
+    cfg["toy"].update(steps=10, seeds=2, record_every=5)
+    grid = cfg["grid"]
+    grid["data"]["splits"] = {"train": 16, "test": 4, "ood": 2}
+    grid["models"] = {
+        "qwen3-tiny-m": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 16}
+    }
+    grid.pop("memory_models", None)
+    grid["main_model"] = "qwen3-tiny-m"
+    grid["warmstart"].update(steps=2, batch_size=4)
+    grid["train"].update(steps=2, eval_every=2, prompts_per_step=2, group_size=2, filter_samples=2)
+    grid["eval"].update(n=8, k=8)  # the tables report AVG@8 / PASS@8
+    grid["extra_seeds"] = {}
+    grid["methods"] = {"grpo": grid["methods"]["grpo"]}
+    grid["tables"] = {"table2_3": ["grpo"], "table4": ["grpo"], "table5": ["grpo"], "figure6": ["grpo"]}
+    return cfg
+
+
+@pytest.fixture
+def slurm_workflow(tmp_path: Path) -> Path:
+    workdir = copy_workflow(tmp_path)
+    shutil.copytree(REPO / "slurm", workdir / "slurm")  # `--profile slurm` looks in the working directory
+    cfg = micro_config(workdir)
+    # --configfile merges into config/config.yaml key by key and cannot remove the second model or the
+    # memory model, so the copy's embedded default is the micro config too.
+    write_config(workdir / "config" / "config.yaml", cfg)
+    write_config(workdir / "micro.yaml", cfg)
+    return workdir
+
+
+def test_workflow_runs_through_sbatch(local_slurm, slurm_workflow):
+    wd = slurm_workflow
+    proc = snakemake_slurm(wd, "--configfile", "micro.yaml", timeout=480)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    assert "Using profiles slurm and" in output
+
+    res = wd / "results"
+    assert (res / "tables" / "table2.md").read_text().startswith("### Table 2")
+    assert (res / "toy" / "verdicts.md").stat().st_size > 0
+
+    # Every non-local job went through sbatch: a SLURM job id, a per-rule SLURM log (the overlay keeps
+    # them), and slurmctld's record of the job exiting 0.
+    jobs = submitted_jobs(output)
+    assert len(jobs) == sum(REMOTE_RULES.values()), output[-4000:]
+    logs = sorted((wd / ".snakemake" / "slurm_logs").glob("rule_*/**/*.log"))
+    per_rule = {
+        rule: sum(p.relative_to(wd / ".snakemake" / "slurm_logs").parts[0] == f"rule_{rule}" for p in logs)
+        for rule in REMOTE_RULES
+    }
+    assert per_rule == REMOTE_RULES
+    assert {p.stem for p in logs} == set(jobs)
+    for log in logs:
+        assert "--executor slurm-jobstep" in log.read_text()  # the job ran Snakemake's SLURM job step
+    for rule in LOCAL_RULES:
+        assert not (wd / ".snakemake" / "slurm_logs" / f"rule_{rule}").exists()
+    ctld = slurmctld_log()
+    for job_id in jobs:
+        assert re.search(rf"_job_complete: JobId={job_id} WEXITSTATUS 0", ctld), f"job {job_id} not seen exiting 0"
+
+    # The overlay's resources reached sbatch: the evaluation job ran in partition cpu with 1500 MB, no GPU.
+    eval_id = next(j for j, log in jobs.items() if "/rule_evaluate/" in log)
+    show = run(["scontrol", "show", "job", eval_id]).stdout
+    if show:  # slurmctld forgets finished jobs after MinJobAge (300 s)
+        assert "Partition=cpu" in show and "mem=1500M" in show and "gres/gpu" not in show, show
+
+    # Up to date, and editing a grid value (a param of train) does not retrain: rerun-triggers mtime, input.
+    again = snakemake_slurm(wd, "--configfile", "micro.yaml", "-n", timeout=120)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    edited = micro_config(wd)
+    edited["grid"]["workers"] = 2
+    write_config(wd / "micro_edited.yaml", edited)
+    kept = snakemake_slurm(wd, "--configfile", "micro_edited.yaml", "-n", timeout=120)
+    assert "Nothing to be done" in kept.stdout + kept.stderr, kept.stdout[-3000:]
+    # (Snakemake's default triggers would retrain: the same dry run with the params trigger plans train.)
+    default = snakemake_slurm(
+        wd, "--configfile", "micro_edited.yaml", "-n", "--rerun-triggers", "mtime", "input", "params", timeout=120
+    )
+    assert re.search(r"^train\s+1$", default.stdout, re.M), default.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------------------- retries
+RETRY_SNAKEFILE = """\
+# Fails on purpose: `flaky` on its first attempt only, `broken` on every attempt.
+rule all:
+    input:
+        "flaky.done",
+        "broken.done",
+
+
+rule flaky:
+    output:
+        "flaky.done",
+    resources:
+        try_no=lambda wildcards, attempt: attempt,
+    shell:
+        'echo "$SLURM_JOB_ID {resources.try_no}" >> flaky.attempts; test {resources.try_no} -ge 2; touch {output}'
+
+
+rule broken:
+    output:
+        "broken.done",
+    resources:
+        try_no=lambda wildcards, attempt: attempt,
+    shell:
+        'echo "$SLURM_JOB_ID {resources.try_no}" >> broken.attempts; exit 1'
+"""
+
+
+def test_failed_jobs_are_resubmitted_per_profile(local_slurm, tmp_path):
+    shutil.copytree(REPO / "slurm", tmp_path / "slurm")
+    (tmp_path / "retry.smk").write_text(RETRY_SNAKEFILE)
+    proc = snakemake_slurm(tmp_path, "--snakefile", "retry.smk", timeout=240)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, "broken fails on every attempt, so the run must fail"
+
+    def attempts(name):
+        return [line.split() for line in (tmp_path / f"{name}.attempts").read_text().splitlines()]
+
+    flaky, broken = attempts("flaky"), attempts("broken")
+    assert [a for _, a in flaky] == ["1", "2"]  # resubmitted once, then succeeded
+    assert [a for _, a in broken] == ["1", "2", "3"]  # retries: 2 -> three attempts, no more
+    job_ids = [j for j, _ in flaky + broken]
+    assert len(set(job_ids)) == 5 and all(j.isdigit() for j in job_ids)  # each attempt a new SLURM job
+    assert set(submitted_jobs(output)) == set(job_ids)
+    assert (tmp_path / "flaky.done").exists()  # keep-going: broken did not stop flaky
+    assert output.count("Trying to restart job") == 3
