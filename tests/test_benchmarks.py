@@ -429,7 +429,7 @@ def test_download_from_hub_then_offline_from_cache(tmp_path, monkeypatch):
 
 def _check_unavailable(exc: DataUnavailable, key: str, repo: str) -> None:
     msg = str(exc)
-    assert repo in msg and f"paper.data.local_files.{key}" in msg
+    assert repo in msg and f"grid.data.local_files.{key}" in msg
     assert "huggingface-cli download --repo-type dataset" in msg
 
 

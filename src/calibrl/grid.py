@@ -86,3 +86,21 @@ def check(config: dict) -> None:
                 raise ValueError(f"grid.methods.{name} uses DLC (dlc_mu > 0) but grid.models has no memory model")
     for name in grid.get("extra_seeds", {}):
         method(config, name)
+    data = grid["data"]
+    if data["source"] == "countdown" and not data.get("splits"):
+        raise ValueError("grid.data.splits is required when grid.data.source is countdown")
+    if data["source"] == "hub" and not data.get("train"):
+        raise ValueError("grid.data.train (the Hub training set) is required when grid.data.source is hub")
+    if data["source"] == "countdown" and grid["trainer"] != "local":
+        raise ValueError("grid.data.source countdown goes with grid.trainer local (tiny models)")
+    if grid["trainer"] == "local" and "warmstart" not in grid:
+        raise ValueError("grid.warmstart is required when grid.trainer is local (tiny models are warm-started)")
+    all_models = {**grid["models"], **grid.get("memory_models", {})}
+    for name, spec in all_models.items():
+        if grid["trainer"] == "local" and "hf_id" in spec:
+            raise ValueError(f"grid.models.{name}: trainer local builds tiny models; give an architecture, not hf_id")
+        if grid["trainer"] == "openrlhf" and "hf_id" not in spec:
+            raise ValueError(f"grid.models.{name}: trainer openrlhf needs hf_id (a Hugging Face model)")
+    for name, spec in grid["models"].items():
+        if spec.get("memory") and spec["memory"] not in grid.get("memory_models", {}):
+            raise ValueError(f"grid.models.{name}.memory {spec['memory']!r} is not one of grid.memory_models")

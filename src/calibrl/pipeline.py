@@ -90,6 +90,8 @@ def train_job(
     from calibrl.tasks import Scorer
     from calibrl.train.local import Trainer
 
+    if grid["trainer"] == "openrlhf":
+        return openrlhf_train_job(grid, model, method, seed, train_path, run_dir)
     _threads(threads)
     m = G.method({"grid": grid}, method)
     records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
@@ -121,6 +123,8 @@ def evaluate_job(
 
     _threads(threads)
     policy_dir = json.loads(Path(marker).read_text())["policy"]
+    if grid["evaluator"] == "vllm":
+        return _evaluate_vllm(grid, policy_dir, split_paths, out_path, step)
     policy, tokenizer = load(policy_dir)
     splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
     ev = grid["eval"]
@@ -247,3 +251,116 @@ def _sync_grid_mlflow(grid: dict, evals, train, out: Path, store_dir: str, exper
     store.upsert(
         experiment, RunRecord(key="grid/tables", name="tables and figures", tags={"part": "grid"}, artifacts=artifacts)
     )
+
+
+def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> None:
+    """Fetch one Hub dataset (``train`` is ``grid.data.train``) and normalise it (``calibrl.data.hub``)."""
+    from calibrl.data.hub import download
+
+    key = data["train"] if split == "train" else split
+    manifest = download(
+        key,
+        out_path,
+        manifest_path,
+        revision=data.get("revisions", {}).get(key),
+        local_files=data.get("local_files", {}).get(key),
+    )
+    log.info(
+        "%s: %s rows from %s@%s",
+        key,
+        manifest.get("rows_written"),
+        manifest.get("repo"),
+        manifest.get("resolved_revision"),
+    )
+
+
+def openrlhf_run(grid: dict, model: str, method: str, seed: int, train_path: str, run_dir: str) -> dict:
+    """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from the config."""
+    spec = grid["models"][model]
+    m = G.method({"grid": grid}, method)
+    if m.filter_easiest > 0:
+        raise NotImplementedError(
+            "the filtering baseline (grid.methods.*.filter_easiest) is not wired for trainer openrlhf yet: it needs "
+            "the training set ranked by the initial policy's success rate before training"
+        )
+    res = dict(spec.get("resources", {}))
+    nodes = int(res.pop("nodes", 1))
+    run = Path(run_dir)
+    memory = grid.get("memory_models", {}).get(spec.get("memory", ""), {}).get("hf_id")
+    return {
+        "name": f"{model}/{method}/s{seed}",
+        "model": spec["hf_id"],
+        "memory_model": memory if m.dlc_mu > 0 else None,
+        "method": m.to_dict(),
+        "seed": seed,
+        "train": grid["train"],
+        "data": {
+            "train": str(train_path),
+            "prompt_template": grid["prompt_template"],
+            "chat_template": bool(grid.get("chat_template")),
+            "filtered_easiest": m.filter_easiest,
+        },
+        "paths": {
+            "ckpt_dir": str(run / "ckpt" / "openrlhf"),
+            "log_dir": str(run / "tensorboard"),
+            "marker_dir": str(run / "ckpt"),
+        },
+        "resources": {"actor_nodes": nodes, "ref_nodes": 1, **res},
+    }
+
+
+def openrlhf_train_job(grid: dict, model: str, method: str, seed: int, train_path: str, run_dir: str) -> None:
+    """Launch OpenRLHF for one run (inside a Ray cluster spanning the SLURM allocation when it has several
+    nodes); the launcher writes the per-checkpoint markers and resumes from the last checkpoint."""
+    import subprocess
+
+    from calibrl.train.openrlhf.command import build_command
+
+    run = openrlhf_run(grid, model, method, seed, train_path, run_dir)
+    argv = build_command(run)
+    if int(grid["models"][model].get("resources", {}).get("nodes", 1)) > 1:
+        argv = ["bash", str(Path(__file__).parent / "train" / "openrlhf" / "ray_cluster.sh"), *argv]
+    log.info("launching: %s", " ".join(argv))
+    subprocess.run(argv, check=True)
+    tensorboard_metrics(run["paths"]["log_dir"], Path(run_dir) / "metrics.jsonl")
+
+
+def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
+    """OpenRLHF's TensorBoard scalars as the project's metrics.jsonl (one line per step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from calibrl.io import write_text
+
+    rows: dict[int, dict] = {}
+    for events in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            name = tag.split("/")[-1]
+            for ev in acc.Scalars(tag):
+                rows.setdefault(int(ev.step), {"step": int(ev.step)})[name] = float(ev.value)
+    write_text(out_path, "".join(__import__("json").dumps(rows[k]) + "\n" for k in sorted(rows)))
+
+
+def _evaluate_vllm(grid: dict, policy_dir: str, split_paths: dict[str, str], out_path: str, step: int) -> None:
+    """All benchmarks of one checkpoint in one vLLM engine, graded by math-verify in worker processes."""
+    from calibrl.evaluate_vllm import evaluate_checkpoint
+    from calibrl.tasks import Scorer
+
+    splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
+    ev = grid["eval"]
+    with Scorer(workers=grid.get("workers", 1)) as scorer:
+        results = evaluate_checkpoint(
+            policy_dir,
+            splits,
+            scorer.grades,
+            ev["n"],
+            ev["k"],
+            ev["temperature"],
+            ev["top_p"],
+            ev["max_new_tokens"],
+            grid["prompt_template"],
+            bool(grid.get("chat_template")),
+            grid["seed"],
+        )
+    write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})

@@ -27,7 +27,9 @@ G.check(config)
 GRID = config["grid"]
 RUNS = G.runs(config)
 EVAL_STEPS = G.eval_steps(config)
-SPLITS = list(GRID["data"]["splits"])
+# Data files under results/data/: "train" plus the evaluation splits (synthetic, or Hub datasets).
+SPLITS = list(dict.fromkeys(["train", *GRID["data"].get("splits", {}), *GRID["data"]["eval_splits"]]))
+LOCAL = GRID["trainer"] == "local"
 MODELS = list(GRID["models"]) + list(GRID.get("memory_models", {}))
 
 
@@ -45,13 +47,12 @@ def run_dir(wildcards):
 
 def train_inputs(wildcards):
     """The policy's warm start, the training data, and the memory's warm start when the method uses DLC."""
-    inputs = {
-        "init": res(f"models/{wildcards.model}/init.json"),
-        "train": res("data/train.jsonl"),
-    }
-    if G.method(config, wildcards.method).dlc_mu > 0:
-        memory = GRID["models"][wildcards.model]["memory"]
-        inputs["memory"] = res(f"models/{memory}/init.json")
+    inputs = {"train": res("data/train.jsonl")}
+    if LOCAL:  # tiny models are warm-started here; Hub models are the paper's starting points
+        inputs["init"] = res(f"models/{wildcards.model}/init.json")
+        if G.method(config, wildcards.method).dlc_mu > 0:
+            memory = GRID["models"][wildcards.model]["memory"]
+            inputs["memory"] = res(f"models/{memory}/init.json")
     return inputs
 
 

@@ -1,15 +1,34 @@
-# Data: the synthetic countdown task of the embedded default (train, in-distribution test, harder ood).
+# Data: the synthetic countdown task of the embedded default (train, in-distribution test, harder ood),
+# or, at paper scale, DeepScaleR and the six benchmarks from the Hugging Face Hub.
 
+if GRID["data"]["source"] == "countdown":
 
-rule data_synthetic:
-    output:
-        expand(res("data/{split}.jsonl"), split=SPLITS),
-        manifest=res("data/manifest.json"),
-    params:
-        data=GRID["data"],
-    log:
-        res("logs/data/synthetic.log"),
-    conda:
-        "../../envs/local.yaml"
-    script:
-        "../../scripts/data_synthetic.py"
+    rule data_synthetic:
+        output:
+            expand(res("data/{split}.jsonl"), split=SPLITS),
+            manifest=res("data/manifest.json"),
+        params:
+            data=GRID["data"],
+        log:
+            res("logs/data/synthetic.log"),
+        conda:
+            "../../envs/local.yaml"
+        script:
+            "../../scripts/data_synthetic.py"
+
+else:
+
+    rule data_download:
+        output:
+            data=res("data/{split}.jsonl"),
+            manifest=res("data/{split}.manifest.json"),
+        params:
+            data=GRID["data"],
+        log:
+            res("logs/data/{split}.log"),
+        localrule: True  # compute nodes often have no internet
+        retries: 2  # the Hub is flaky; offline it fails at once with a clear message
+        conda:
+            "../../envs/local.yaml"
+        script:
+            "../../scripts/data_download.py"

@@ -18,7 +18,7 @@ path names the split; a directory holding a single data file is taken as is.
 Offline use:
 
 * ``local_files`` (a parquet / json / jsonl file, or a directory such as a ``huggingface-cli download
-  --local-dir`` copy) bypasses the Hub entirely: the config key ``paper.data.local_files.<key>``.
+  --local-dir`` copy) bypasses the Hub entirely: the config key ``grid.data.local_files.<key>``.
 * With ``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, the files are taken from the Hugging Face
   cache (``cache_dir``, default ``HF_HUB_CACHE``) if an earlier download (or a copied
   ``~/.cache/huggingface``) put them there; the branch -> sha mapping is read from the cache's ``refs``.
@@ -275,7 +275,7 @@ def _how_to_fix(spec: BenchmarkSpec) -> str:
         f"To fix it, either pre-seed the Hugging Face cache on a machine with network access "
         f"(`huggingface-cli download --repo-type dataset {spec.repo_id}`, or `hf download {spec.repo_id} "
         f"--repo-type dataset`) and copy its ~/.cache/huggingface (or $HF_HOME) to this machine, or set the "
-        f"config key paper.data.local_files.{spec.key} to a local copy (a parquet/json/jsonl file or a "
+        f"config key grid.data.local_files.{spec.key} to a local copy (a parquet/json/jsonl file or a "
         f"directory of them)."
     )
 
@@ -366,7 +366,7 @@ def _from_local(spec: BenchmarkSpec, local_files: str | Path) -> tuple[Path, lis
             )
         return path, files
     raise DataUnavailable(
-        f"{spec.key}: local_files {path} (config key paper.data.local_files.{spec.key}) does not exist. "
+        f"{spec.key}: local_files {path} (config key grid.data.local_files.{spec.key}) does not exist. "
         f"{_how_to_fix(spec)}"
     )
 
