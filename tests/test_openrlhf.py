@@ -1,0 +1,736 @@
+"""The OpenRLHF backend against OpenRLHF 0.11.2 itself: IAC in its real advantage code, every grid method's
+command line through its real parser and assertions, the step limit on its real trainer classes, the
+reward file, the checkpoint markers, the launcher, the SLURM/Ray script (with fake srun/ray) and the
+Hugging Face DLC path on tiny Qwen3 models.
+
+OpenRLHF's GPU-only dependencies (flash_attn, deepspeed, vllm, its Ray actor modules; ray and datasets
+when they are not installed) are replaced by stubs in ``sys.modules`` for the tests that import its
+trainer, and only when they cannot be imported.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.machinery
+import importlib.util
+import inspect
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+
+from calibrl.advantages import iac
+from calibrl.grid import Method
+from calibrl.train.openrlhf import command, iac_patch, launch
+
+HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
+needs_openrlhf = pytest.mark.skipif(
+    not HAVE_OPENRLHF,
+    reason="openrlhf is not installed (pip install --no-deps openrlhf==0.11.2 peft accelerate pylatexenc)",
+)
+PKG = Path(command.__file__).parent
+
+# The paper grid (config grid.methods) and Section 4.1's training settings.
+GRID = {
+    "grpo": Method(estimator="grpo"),
+    "rloo": Method(estimator="rloo"),
+    "rpp": Method(estimator="rpp"),
+    "drgrpo": Method(estimator="drgrpo", loss_agg="seq-mean-token-sum-norm"),
+    "iac": Method(estimator="grpo", iac_alpha=1.0),
+    "iac_a0.5": Method(estimator="grpo", iac_alpha=0.5),
+    "iac_a1.5": Method(estimator="grpo", iac_alpha=1.5),
+    "iac_a2": Method(estimator="grpo", iac_alpha=2.0),
+    "filter": Method(estimator="grpo", filter_easiest=0.25),
+    "dapo": Method(estimator="grpo", dapo=True),
+    "dapo_iac": Method(estimator="grpo", dapo=True, iac_alpha=1.0),
+    "dapo_iac_dlc": Method(estimator="grpo", dapo=True, iac_alpha=1.0, dlc_mu=0.5),
+}
+TRAIN = {
+    "steps": 2000,
+    "eval_every": 50,
+    "prompts_per_step": 64,
+    "group_size": 8,
+    "lr": 1e-6,
+    "max_new_tokens": 8192,
+    "max_prompt_len": 1024,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "kl_coef": 0.001,
+    "kl_estimator": "k3",
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    "dapo_clip_high": 0.28,
+}
+
+
+def paper_run(name: str, method: Method, tmp: Path, **train) -> dict:
+    size = 30236 if method.filter_easiest else 40315  # DeepScaleR, and it without its easiest quarter
+    return {
+        "name": f"qwen3-8b/{name}/s0",
+        "model": "Qwen/Qwen3-8B",
+        "memory_model": "Qwen/Qwen3-1.7B",
+        "method": method.to_dict(),
+        "seed": 0,
+        "train": {**TRAIN, **train},
+        "data": {
+            "train": str(tmp / "deepscaler.jsonl"),
+            "train_size": size,
+            "chat_template": True,
+            "filtered_easiest": method.filter_easiest,
+        },
+        "paths": {"ckpt_dir": str(tmp / "ckpt"), "log_dir": str(tmp / "logs"), "marker_dir": str(tmp / "markers")},
+        "resources": {
+            "actor_nodes": 1,
+            "actor_gpus_per_node": 8,
+            "ref_nodes": 1,
+            "ref_gpus_per_node": 8,
+            "vllm_engines": 8,
+            "vllm_tensor_parallel_size": 1,
+            "colocate_all": True,
+        },
+    }
+
+
+def parsed(run: dict) -> tuple[dict, SimpleNamespace]:
+    argv = command.build_command(run)
+    assert argv[1:3] == ["-m", "calibrl.train.openrlhf.launch"]
+    ours, rest = command.split_calibrl(argv[3:])
+    return ours, command.check_openrlhf_argv(rest)
+
+
+# ------------------------------------------------------------------------------- OpenRLHF with stubs
+def _stub(name: str) -> types.ModuleType:
+    module = mock.MagicMock(name=name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers calls find_spec on some
+    module.__path__ = []
+    return module
+
+
+@pytest.fixture(scope="module")
+def openrlhf_modules():
+    """(experience_maker, ppo_trainer) of the installed OpenRLHF, GPU-only imports stubbed; IAC applied."""
+    if not HAVE_OPENRLHF:
+        pytest.skip("openrlhf is not installed")
+
+    def missing(name):
+        return importlib.util.find_spec(name) is None
+
+    names = []
+    if missing("flash_attn"):
+        names += ["flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash_attn.utils.distributed"]
+    names += [n for n in ("deepspeed", "ray", "vllm", "datasets") if missing(n)]
+    if missing("vllm") or missing("deepspeed"):  # OpenRLHF's Ray actor modules import both
+        names += [
+            "openrlhf.trainer.ray",
+            "openrlhf.trainer.ray.launcher",
+            "openrlhf.trainer.ray.vllm_engine",
+            "openrlhf.utils.deepspeed",
+        ]
+    before = set(sys.modules)
+    saved = {n: sys.modules.get(n) for n in names}
+    sys.modules.update({n: _stub(n) for n in names})
+    try:
+        import openrlhf.trainer.ppo_trainer as ppo_trainer
+        import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
+
+        cls = experience_maker.RemoteExperienceMaker
+        original = cls.compute_advantages_and_returns
+        compute_reward = experience_maker.compute_reward
+        os.environ.pop(iac_patch.ENV_MAX_STEPS, None)
+        iac_patch.apply()
+        yield SimpleNamespace(em=experience_maker, pt=ppo_trainer, original=original)
+    finally:
+        if "experience_maker" in locals():
+            cls.compute_advantages_and_returns = original
+            experience_maker.compute_reward = compute_reward
+        for finder in [f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook)]:
+            sys.meta_path.remove(finder)
+        for n in set(sys.modules) - before:
+            if n.startswith("openrlhf"):
+                del sys.modules[n]
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+def _args(estimator: str, group: int, micro: int, tmp: Path, *, use_loss=True, overlong=None) -> SimpleNamespace:
+    """Real 0.11.2 args (its parser) with the experiment's estimator, group size and micro batch."""
+    _, args = parsed(paper_run("grpo", GRID["grpo"], tmp))
+    args.algo.advantage.estimator = estimator
+    args.algo.kl.use_loss = use_loss
+    args.rollout.n_samples_per_prompt = group
+    args.rollout.micro_batch_size = micro
+    args.rollout.max_new_tokens = 6
+    args.reward.overlong_buffer_len = overlong
+    return args
+
+
+def _experiences(mods, args, rewards: torch.Tensor, kl_coef: float, seed: int):
+    """A maker and the ragged, shuffled micro-batches 0.11.2 builds from per-sample rollouts."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    rng = random.Random(seed)
+    samples = []
+    for r in rewards.flatten().tolist():
+        prompt, response = rng.randint(2, 5), rng.randint(1, 6)
+        length = prompt + response
+        action = torch.zeros(1, length - 1, dtype=torch.long)  # over sequences[1:], 1 on the response
+        action[0, prompt - 1 :] = 1
+        samples.append(
+            Experience(
+                sequences=torch.randint(3, 50, (1, length)),
+                attention_mask=torch.ones(1, length, dtype=torch.long),
+                action_mask=action,
+                rewards=torch.tensor([r]),
+                scores=torch.tensor([r]),
+                response_length=torch.tensor([response]),
+                truncated=torch.tensor([False]),
+                total_length=torch.tensor([float(length)]),
+                prompts=["q"],
+                labels=["a"],
+                info={"reward": torch.tensor([r])},
+            )
+        )
+    maker = mods.em.RemoteExperienceMaker.__new__(mods.em.RemoteExperienceMaker)
+    maker.strategy, maker.args = SimpleNamespace(args=args), args
+    maker.advantage_estimator = args.algo.advantage.estimator
+    maker.kl_ctl = SimpleNamespace(value=kl_coef)
+    maker.tokenizer = SimpleNamespace(pad_token_id=0)
+    experiences = maker.split_rollout_samples(samples)
+    gen = torch.Generator().manual_seed(seed)
+    for e in experiences:  # what make_experience attaches (kl is 0 with --algo.kl.use_loss)
+        e.kl = 0.1 * torch.rand(e.action_mask.shape, generator=gen) if kl_coef else torch.zeros(e.action_mask.shape)
+    rng.shuffle(experiences)  # the advantage code must only rely on experience.index
+    return maker, experiences
+
+
+def _upto_eos(e) -> torch.Tensor:
+    """(B, A) True at the positions whose return holds the sample's advantage (t <= last response token)."""
+    eos = e.action_mask.size(1) - 1 - e.action_mask.long().fliplr().argmax(dim=1, keepdim=True)
+    return torch.arange(e.action_mask.size(1))[None, :] <= eos
+
+
+def _group_advantages(experiences, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, G) advantages read off per-token advantages computed without KL or whitening, and the index."""
+    index = torch.tensor([i for e in experiences for i in e.index])
+    flat = torch.cat([e.advantages[:, 0] for e in experiences])
+    grouped = torch.empty_like(flat)
+    grouped[index] = flat
+    return grouped.view(-1, group), index
+
+
+REWARDS = torch.tensor(
+    [[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 0, 0]], dtype=torch.float32
+)
+
+
+# ----------------------------------------------------------------------------------------- (a) IAC
+@needs_openrlhf
+@pytest.mark.parametrize("estimator", ["group_norm", "rloo", "dr_grpo", "reinforce_baseline"])
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_iac_patch_calibrates_openrlhfs_group_advantages(openrlhf_modules, monkeypatch, tmp_path, estimator, alpha):
+    mods = openrlhf_modules
+    group = REWARDS.shape[1]
+    overlong = 2.0 if estimator == "group_norm" else None  # DAPO's length shaping happens before the baseline
+    args = _args(estimator, group, micro=4, tmp=tmp_path, overlong=overlong)
+    maker, exps = _experiences(mods, args, REWARDS, kl_coef=0.0, seed=int(alpha * 10))
+
+    # reference: OpenRLHF's own group advantages, without whitening (reinforce_baseline's baseline is dr_grpo's)
+    plain_input = copy.deepcopy(exps)
+    plain = copy.deepcopy(exps)
+    reference = "dr_grpo" if estimator == "reinforce_baseline" else estimator
+    ref_args = copy.deepcopy(args)
+    ref_args.algo.advantage.estimator = reference
+    ref_maker = copy.copy(maker)
+    ref_maker.strategy, ref_maker.args = SimpleNamespace(args=ref_args), ref_args
+    ref_maker.advantage_estimator = reference
+    mods.original(ref_maker, plain)
+    grouped, index = _group_advantages(plain, group)
+    calibrated = iac(grouped, alpha).reshape(-1)
+
+    monkeypatch.setenv("CALIBRL_IAC_ALPHA", str(alpha))
+    patched = maker.compute_advantages_and_returns(exps)
+    for e, p in zip(exps, plain):  # the overlong penalty is applied once, as without the patch
+        assert torch.equal(e.rewards, p.rewards) and torch.equal(e.info["reward"], p.info["reward"])
+    expected = [_upto_eos(e) * calibrated[torch.tensor(e.index)][:, None] for e in patched]
+    if estimator == "reinforce_baseline":  # whitening over all response tokens, after IAC (L324-338)
+        adv = torch.cat([x.flatten() for x in expected])
+        mask = torch.cat([e.action_mask.flatten() for e in patched]).float()
+        mean = (adv * mask).sum() / mask.sum()
+        rstd = (((adv - mean) ** 2 * mask).sum() / mask.sum()).clamp(min=1e-8).rsqrt()
+        expected = [(x - mean) * rstd for x in expected]
+        # the order matters: IAC on OpenRLHF's whitened advantages would give something else
+        whitened, _ = _group_advantages(mods.original(copy.copy(maker), copy.deepcopy(plain_input)), group)
+        late = iac(whitened, alpha).reshape(-1)
+        assert not torch.allclose(
+            late,
+            torch.cat([x[:, 0] for x in expected])[torch.cat([torch.tensor(e.index) for e in patched]).argsort()],
+            atol=1e-3,
+        )
+    for e, x in zip(patched, expected):
+        assert torch.allclose(e.advantages, x, atol=1e-6), (estimator, alpha)
+        if estimator != "reinforce_baseline":
+            assert torch.equal(e.returns, e.advantages)
+    assert not torch.allclose(calibrated, grouped.reshape(-1))  # the calibration did something
+    if overlong is None:  # binary rewards: the lone success of group 0 is scaled by (G - 1)^alpha
+        assert calibrated[0] == pytest.approx(grouped[0, 0] * (group - 1) ** alpha)
+    assert all("iac_scale" in e.info for e in patched)
+
+
+@needs_openrlhf
+@pytest.mark.parametrize("estimator", ["group_norm", "rloo", "dr_grpo", "reinforce_baseline"])
+def test_iac_alpha_zero_is_bit_identical(openrlhf_modules, monkeypatch, tmp_path, estimator):
+    mods = openrlhf_modules
+    args = _args(estimator, REWARDS.shape[1], micro=3, tmp=tmp_path)
+    maker, exps = _experiences(mods, args, REWARDS, kl_coef=0.0, seed=3)
+    plain = mods.original(maker, copy.deepcopy(exps))
+    for value in ("0", "0.0", ""):
+        monkeypatch.setenv("CALIBRL_IAC_ALPHA", value)
+        out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
+        for a, b in zip(out, plain):
+            assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
+    monkeypatch.delenv("CALIBRL_IAC_ALPHA")
+    out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
+    assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(out, plain))
+
+
+@needs_openrlhf
+def test_iac_with_kl_in_the_reward(openrlhf_modules, monkeypatch, tmp_path):
+    """A k1 KL in the reward (RLOO as in verl's example) stays OpenRLHF's; only the group advantage changes."""
+    mods = openrlhf_modules
+    group, alpha = REWARDS.shape[1], 1.0
+    args = _args("rloo", group, micro=5, tmp=tmp_path, use_loss=False)
+    maker, exps = _experiences(mods, args, REWARDS, kl_coef=0.05, seed=7)
+    with_kl = mods.original(maker, copy.deepcopy(exps))
+    no_kl_maker = copy.copy(maker)
+    no_kl_maker.kl_ctl = SimpleNamespace(value=0.0)
+    grouped, _ = _group_advantages(mods.original(no_kl_maker, copy.deepcopy(exps)), group)
+    delta = (iac(grouped, alpha) - grouped).reshape(-1)
+    monkeypatch.setenv("CALIBRL_IAC_ALPHA", str(alpha))
+    patched = maker.compute_advantages_and_returns(exps)
+    for e, w in zip(patched, with_kl):
+        expected = w.returns + _upto_eos(e) * delta[torch.tensor(e.index)][:, None]
+        assert torch.allclose(e.returns, expected, atol=1e-5)
+
+
+@needs_openrlhf
+def test_iac_patch_is_idempotent_and_refuses_what_it_cannot_calibrate(openrlhf_modules, monkeypatch, tmp_path):
+    mods = openrlhf_modules
+    cls = mods.em.RemoteExperienceMaker
+    first = cls.compute_advantages_and_returns
+    iac_patch.apply()
+    iac_patch.patch(mods.em)
+    assert cls.compute_advantages_and_returns is first
+    assert first.__wrapped__ is mods.original and not getattr(mods.original, iac_patch.MARK, False)
+    assert not getattr(mods.em.compute_reward.__wrapped__, iac_patch.MARK, False)  # the router wraps once
+    monkeypatch.setenv("CALIBRL_IAC_ALPHA", "1")
+    for estimator in ("reinforce", "gae"):
+        maker, exps = _experiences(mods, _args(estimator, 4, 4, tmp_path), REWARDS, 0.0, seed=1)
+        with pytest.raises(ValueError, match="group estimator"):
+            maker.compute_advantages_and_returns(exps)
+    for bad in ("-1", "nan", "x"):
+        monkeypatch.setenv("CALIBRL_IAC_ALPHA", bad)
+        with pytest.raises(ValueError, match="CALIBRL_IAC_ALPHA"):
+            iac_patch.iac_alpha()
+
+
+def test_iac_patch_fails_loudly_when_openrlhf_changes_shape():
+    def module_with(method, name="fake_openrlhf_em"):
+        m = types.ModuleType(name)
+        m.compute_reward = lambda r, *a, **k: r
+        m.RemoteExperienceMaker = type("RemoteExperienceMaker", (), {"compute_advantages_and_returns": method})
+        return m
+
+    def renamed_argument(self, batch):
+        return compute_reward(batch)  # noqa: F821 - only compiled
+
+    def no_compute_reward(self, experiences):
+        return experiences
+
+    def fine(self, experiences):
+        if experiences == ["rloo"] or experiences in ["reinforce_baseline", "dr_grpo"] or experiences == "group_norm":
+            return compute_reward(experiences)  # noqa: F821 - only compiled
+        return experiences
+
+    with pytest.raises(RuntimeError, match="signature"):
+        iac_patch.patch(module_with(renamed_argument))
+    with pytest.raises(RuntimeError, match="compute_reward"):
+        iac_patch.patch(module_with(no_compute_reward))
+    with pytest.raises(RuntimeError, match="is gone"):
+        iac_patch.patch(types.ModuleType("empty"))
+    ok = module_with(fine)
+    iac_patch.patch(ok)
+    assert getattr(ok.RemoteExperienceMaker.compute_advantages_and_returns, iac_patch.MARK)
+
+
+def test_when_imported_patches_at_import_time_once(tmp_path, monkeypatch):
+    (tmp_path / "calibrl_hook_probe.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+
+    def callback(module):
+        calls.append(module.VALUE)
+
+    try:
+        iac_patch.when_imported("calibrl_hook_probe", callback)
+        iac_patch.when_imported("calibrl_hook_probe", callback)
+        assert calls == []
+        import calibrl_hook_probe
+
+        assert calls == [1] and calibrl_hook_probe.__loader__.__class__.__name__ == "SourceFileLoader"
+        iac_patch.when_imported("calibrl_hook_probe", lambda m: calls.append("now"))
+        assert calls == [1, "now"]
+    finally:
+        sys.modules.pop("calibrl_hook_probe", None)
+        for finder in [f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook)]:
+            finder.callbacks.pop("calibrl_hook_probe", None)
+
+
+# --------------------------------------------------------------------------------- step limit (real)
+@needs_openrlhf
+def test_step_limit_on_openrlhfs_trainer_and_generator(openrlhf_modules, monkeypatch, tmp_path):
+    from openrlhf.trainer.ppo_utils import samples_generator
+
+    pt = openrlhf_modules.pt
+    source = inspect.getsource(pt)
+    # fit's exit contract (ppo_trainer.py L535-537), which the limit relies on
+    assert "if not rollout_samples:" in source and "if is_exhausted:" in source
+    base, gen_cls = pt.BasePPOTrainer, pt.SamplesGenerator
+    saved = {
+        (c, n): c.__dict__[n]
+        for c, n in ((base, "train_step"), (base, "init_checkpoint_states"), (gen_cls, "generate_samples"))
+    }
+    resume = {"global_step": 0}
+    monkeypatch.setenv("CALIBRL_MAX_STEPS", "5")
+    try:
+        base.train_step = lambda self, samples, step: ({"n": len(samples)}, step + 1)
+        base.init_checkpoint_states = lambda self: dict(resume)
+        launch.limit_steps(pt)
+        launch.limit_steps(pt)  # once only
+        assert base.train_step.__wrapped__.__name__ == "<lambda>"
+
+        def run(prompts: int) -> list[int]:
+            args = _args("group_norm", 2, 1, tmp_path)
+            args.rollout.batch_size, args.rollout.vllm_generate_batch_size = 2, None
+            args.vllm.enable_sleep = args.algo.dynamic_filtering_enable = False
+            gen = gen_cls.__new__(gen_cls)
+            gen.args, gen.prompts_dataloader = args, [(["d"], [f"p{i}"], ["a"], [None]) for i in range(prompts)]
+
+            def fake_vllm(dataloader_iter, num_prompts, dynamic_filtering, **kw):
+                got, _, _, exhausted = samples_generator._collect_prompt_batch(dataloader_iter, num_prompts)
+                return [p for p in got for _ in range(2)], len(got), exhausted
+
+            gen._generate_vllm = fake_vllm
+            trainer = base.__new__(base)
+            trainer.samples_generator = gen
+            sizes, step = [], trainer.init_checkpoint_states()["global_step"]
+            for _ in range(4):  # episodes, as PPOTrainer.fit (L520-573)
+                while True:
+                    samples, _, _, exhausted = gen.generate_samples()
+                    if not samples:
+                        if exhausted:
+                            break
+                        continue
+                    status, step = trainer.train_step(samples, step)
+                    sizes.append(status["n"])
+                    if exhausted:
+                        break
+            return sizes
+
+        assert run(prompts=5) == [4] * 5  # 2 full steps per pass (the 5th prompt is dropped), stop at 5
+        assert run(prompts=100) == [4] * 5
+        resume["global_step"] = 5
+        assert run(prompts=100) == []  # resumed at the limit: no step 6
+    finally:
+        for (c, n), f in saved.items():
+            setattr(c, n, f)
+
+
+# ----------------------------------------------------------------------------- (b) command lines
+@needs_openrlhf
+@pytest.mark.parametrize("name", list(GRID))
+def test_every_grid_method_parses_with_openrlhfs_parser(name, tmp_path):
+    method = GRID[name]
+    ours, args = parsed(paper_run(name, method, tmp_path))
+    estimators = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
+    assert args.algo.advantage.estimator == estimators[method.estimator]
+    assert float(ours["iac_alpha"]) == method.iac_alpha and float(ours["dlc_mu"]) == method.dlc_mu
+    assert ours.get("dlc_memory") == ("Qwen/Qwen3-1.7B" if method.dlc_mu else None)
+    # batch: 64 prompts x 8 samples, one optimizer step on all 512 per rollout step, lr 1e-6
+    assert (args.rollout.batch_size, args.rollout.n_samples_per_prompt) == (64, 8)
+    assert args.train.batch_size == 512 and args.train.max_epochs == 1
+    assert args.actor.adam.lr == 1e-6 and args.actor.lr_scheduler == "constant"
+    # exactly 2000 steps: full episodes of max_samples / 64 steps, and the launcher's limit
+    assert ours["max_steps"] == "2000" and args.data.max_samples % 64 == 0
+    per_episode = args.data.max_samples // 64
+    # OpenRLHF's own count (ppo_trainer.py L72-78), with len(dataset) = max_samples
+    openrlhf_steps = args.data.max_samples * 8 // 512 * args.train.num_episodes * args.train.max_epochs
+    if method.dapo:
+        assert openrlhf_steps >= 2000 * 4  # dynamic filtering uses more prompts per step; the limit stops at 2000
+    else:
+        assert per_episode * args.train.num_episodes == 2000 == openrlhf_steps
+    assert args.data.max_samples <= (30236 if method.filter_easiest else 40315)
+    # checkpoints: HF every 50 steps, resumable
+    assert args.ckpt.save_steps == 50 and args.ckpt.save_hf and args.ckpt.load_enable
+    assert ours["eval_every"] == "50" and args.ckpt.path.endswith("ckpt")
+    assert args.reward.remote_url == [str(PKG / "reward.py")] and args.data.label_key == "answer"
+    assert args.reward.clip_range[1] >= 1e5  # IAC's advantages are not cut at OpenRLHF's default 10
+    if method.dapo:
+        assert args.actor.eps_clip_low_high == [0.2, 0.28] and args.actor.dual_clip == 10.0
+        assert args.algo.kl.init_coef == 0 and not args.algo.kl.use_loss
+        assert args.algo.dynamic_filtering_enable and args.algo.dynamic_filtering_range == [0.0, 1.0]
+        assert args.reward.overlong_buffer_len == round(0.2 * 8192) and args.reward.overlong_penalty_factor == 1.0
+        assert args.actor.loss_agg_mode == "token-mean"
+    else:
+        assert args.actor.eps_clip_low_high == [0.2, 0.2] and args.actor.dual_clip == 3.0
+        assert args.algo.kl.use_loss and args.algo.kl.init_coef == 0.001 and args.algo.kl.estimator == "k3"
+        assert not args.algo.dynamic_filtering_enable and args.reward.overlong_buffer_len is None
+        assert args.actor.loss_agg_mode == ("token-mean" if name == "drgrpo" else "seq-mean-token-mean")
+
+
+@needs_openrlhf
+def test_command_arithmetic_templates_and_errors(tmp_path):
+    run = paper_run("grpo", GRID["grpo"], tmp_path)
+    data = tmp_path / "small.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(250)))
+    run["data"] = {"train": str(data), "prompt_template": "Solve: {problem}\nPut the answer in \\boxed{{}}."}
+    run["train"] = {**TRAIN, "steps": 20, "eval_every": 10, "prompts_per_step": 16}
+    ours, args = parsed(run)
+    assert (args.data.max_samples, args.train.num_episodes) == (160, 2)  # 250 rows: 1 x 320 too many, 2 x 160
+    assert args.data.input_template.format("2+2") == "Solve: 2+2\nPut the answer in \\boxed{}."
+    assert not args.data.apply_chat_template
+    with pytest.raises(ValueError, match="filter"):
+        command.build_command({**paper_run("filter", GRID["filter"], tmp_path), "data": run["data"]})
+    with pytest.raises(ValueError, match="memory"):
+        command.build_command({**paper_run("x", GRID["dapo_iac_dlc"], tmp_path), "memory_model": None})
+    with pytest.raises(ValueError, match="rejects"):
+        command.check_openrlhf_argv(["--algo.advantage.estimator", "nope"])
+    with pytest.raises(ValueError, match="unknown launcher flag"):
+        command.split_calibrl(["--calibrl.alpha", "1"])
+    split = command.split_calibrl(["--a", "1", "--calibrl.iac_alpha=2", "--b"])
+    assert split == ({"iac_alpha": "2"}, ["--a", "1", "--b"])
+    assert isinstance(command.openrlhf_parser().parse_args(["--ckpt.save_hf"]), object)
+
+
+# --------------------------------------------------------------------------------------- (c) reward
+def _load_reward():
+    """The reward file as OpenRLHF loads it (utils/agent.py L200-205)."""
+    spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PROMPT = "<|im_start|>user\nWhat is 1/2 + 1/4? Put the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+CASES = [
+    ("<think>\n1/2 = 2/4, so 3/4.\n</think>\n\nThe sum is \\boxed{\\frac{3}{4}}.<|im_end|>", "0.75", 1.0),
+    ("We get $\\frac12+\\frac14=\\frac34$.\n\nThe answer is 3/4<|im_end|><|endoftext|>", "\\frac{3}{4}", 1.0),
+    ("1/2 + 1/4 = 2/6, so \\boxed{\\frac{1}{3}}<|im_end|>", "\\frac{3}{4}", 0.0),
+    ("I am not sure.<|im_end|>", "3/4", 0.0),
+]
+
+
+def test_reward_function_grades_real_responses(monkeypatch):
+    reward = _load_reward()
+    assert reward.response_text(PROMPT + "x \\boxed{1}<|im_end|>", PROMPT) == "x \\boxed{1}"
+    assert reward.response_text("cut prompt" + PROMPT[-20:] + "y", PROMPT[-20:]) == "y"
+    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "0")
+    results = {}
+
+    def call(i, query, gold):  # OpenRLHF calls it in worker threads, one sample at a time
+        results[i] = reward.reward_func([PROMPT + query], [PROMPT], [gold])
+
+    threads = [threading.Thread(target=call, args=(i, q, g)) for i, (q, g, _) in enumerate(CASES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (_, _, want) in enumerate(CASES):
+        out = results[i]
+        assert out["rewards"].tolist() == [want] and out["scores"].tolist() == [want]
+        assert set(out["extra_logs"]) == {"answer_found", "grade_timeout"}
+    assert results[3]["extra_logs"]["answer_found"].tolist() == [0.0]
+    batch = reward.reward_func([PROMPT + q for q, _, _ in CASES], [PROMPT] * 4, [g for _, g, _ in CASES])
+    assert batch["rewards"].tolist() == [w for _, _, w in CASES]
+
+
+def test_reward_function_grades_in_a_worker_pool(monkeypatch):
+    reward = _load_reward()
+    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "1")
+    try:
+        out = [reward.reward_func([PROMPT + q], [PROMPT], [g])["rewards"].item() for q, g, _ in CASES[:3]]
+        assert out == [1.0, 1.0, 0.0]
+    finally:
+        if reward._grader is not None:
+            reward._grader.close()
+
+
+# -------------------------------------------------------------------------------------- (d) markers
+def _hf_checkpoint(path: Path, complete: bool = True) -> None:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
+    if complete:
+        (path / "tokenizer_config.json").write_text("{}")
+
+
+def test_write_markers(tmp_path):
+    ckpt, markers = tmp_path / "ckpt", tmp_path / "markers"
+    assert launch.write_markers(ckpt, markers, 50, 200) == []  # nothing saved yet
+    _hf_checkpoint(ckpt / "global_step50_hf")
+    _hf_checkpoint(ckpt / "global_step100_hf", complete=False)  # interrupted while saving
+    _hf_checkpoint(ckpt / "global_step150_hf")
+    _hf_checkpoint(ckpt / "global_step175_hf")  # not an evaluated step
+    _hf_checkpoint(ckpt / "best_global_step50_hf")
+    (ckpt / "_actor" / "global_step50").mkdir(parents=True)
+    assert launch.write_markers(ckpt, markers, 50, 200) == [50, 150]
+    assert sorted(p.name for p in markers.iterdir()) == ["step_150.done", "step_50.done"]
+    marker = json.loads((markers / "step_50.done").read_text())
+    assert marker == {"step": 50, "policy": str((ckpt / "global_step50_hf").resolve())}
+    (ckpt / "global_step100_hf" / "tokenizer_config.json").write_text("{}")
+    assert launch.write_markers(ckpt, markers, 50, 200) == [50, 100, 150]  # idempotent, picks up the rest
+    with pytest.raises(ValueError):
+        launch.write_markers(ckpt, markers, 0, 200)
+
+
+# ------------------------------------------------------------------------------------------ launcher
+@needs_openrlhf
+def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monkeypatch):
+    run = paper_run("iac", GRID["iac"], tmp_path, steps=100, eval_every=50)
+    argv = command.build_command(run)[3:]
+    calls = {}
+    fake_ray = types.ModuleType("ray")
+    fake_ray.init = lambda **kw: calls.setdefault("init", kw)
+    fake_ray.shutdown = lambda: calls.setdefault("shutdown", True)
+
+    def fake_run_module(name, run_name, alter_sys):
+        calls["run"] = (name, run_name, list(sys.argv))
+        for step in (50, 100):
+            _hf_checkpoint(tmp_path / "ckpt" / f"global_step{step}_hf")
+
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setattr(launch.runpy, "run_module", fake_run_module)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert launch.main(argv) == 0
+    env = calls["init"]["runtime_env"]
+    assert calls["init"]["address"] == "10.0.0.1:6379"
+    assert env["worker_process_setup_hook"] == "calibrl.train.openrlhf.iac_patch.apply"
+    assert env["env_vars"]["CALIBRL_IAC_ALPHA"] == "1.0" and env["env_vars"]["CALIBRL_MAX_STEPS"] == "100"
+    assert str(Path(iac_patch.__file__).parents[3]) in env["env_vars"]["PYTHONPATH"].split(os.pathsep)
+    name, run_name, args = calls["run"]
+    assert (name, run_name) == ("openrlhf.cli.train_ppo_ray", "__main__")
+    assert not any(a.startswith("--calibrl.") for a in args) and "--ckpt.load_enable" in args
+    assert sorted(p.name for p in (tmp_path / "markers").iterdir()) == ["step_100.done", "step_50.done"]
+    calls.clear()
+    assert launch.main(argv) == 0 and "init" not in calls  # already done: a rerun trains nothing
+
+    dlc = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path))[3:]
+    with pytest.raises(NotImplementedError, match="DLC"):
+        launch.main(dlc)
+
+
+# ------------------------------------------------------------------------------------- ray_cluster.sh
+FAKES = {
+    "scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf "nodeA\\nnodeB\\nnodeC\\n"\n',
+    # srun: drop its options (and -w's value), run the command
+    "srun": '#!/bin/bash\nwhile [[ "$1" == -* ]]; do [ "$1" = -w ] && shift; shift; done\nexec "$@"\n',
+    # ray start --block: note the call, then block like the real one
+    "ray": '#!/bin/bash\necho "$*" >> "$FAKE_LOG"\nexec sleep 300\n',
+    # python that imports ray: the number of nodes started so far
+    "fakepython": '#!/bin/bash\ncat > /dev/null\ngrep -c "^start" "$FAKE_LOG"\n',
+}
+
+
+def test_ray_cluster_script_with_fake_slurm(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in FAKES.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node[A-C]",
+        "FAKE_LOG": str(tmp_path / "ray.log"),
+        "RAY_PYTHON": str(bin_dir / "fakepython"),
+        "RAY_GPUS_PER_NODE": "2",
+        "RAY_JOIN_TIMEOUT": "20",
+    }
+    script = PKG / "ray_cluster.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "bash", "-c", 'echo "$RAY_ADDRESS" > "$0"; exit 3', str(tmp_path / "address")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stderr  # the command's status
+    assert (tmp_path / "address").read_text().strip().endswith(":6379")
+    log = (tmp_path / "ray.log").read_text().splitlines()
+    assert len(log) == 3 and log[0].startswith("start --head") and all("--num-gpus=2" in line for line in log)
+    assert all(line.startswith("start --address=") and "--block" in line for line in log[1:])
+    leftover = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    mine = [p for p in leftover if str(tmp_path) in Path(f"/proc/{p}/environ").read_bytes().decode(errors="ignore")]
+    assert mine == []  # the Ray steps were stopped at exit
+    bad = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2
+
+
+# -------------------------------------------------------------------------------------- DLC (HF path)
+def test_dlc_logits_processor_matches_the_calibrated_distribution():
+    from calibrl.models import build_model, build_tokenizer
+    from calibrl.sampling import encode_prompts, sampling_probs
+    from calibrl.train.openrlhf import dlc
+
+    tok = build_tokenizer()
+    policy, memory = (
+        build_model(tok, seed=1),
+        build_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=2),
+    )
+    ids, mask = encode_prompts(tok, ["12+3=", "7*8-1="])
+    proc = dlc.DLCLogitsProcessor(memory, 0.5, mask)
+    for step in range(3):  # the prompt, then one appended token at a time (cache, mask, positions)
+        full_mask = torch.cat([mask, torch.ones(2, step, dtype=torch.bool)], dim=1)
+        pos = dlc.positions(full_mask)
+        scores = policy(input_ids=ids, attention_mask=full_mask, position_ids=pos).logits[:, -1].float()
+        got = proc(ids, scores).softmax(-1)
+        assert torch.allclose(got, sampling_probs(policy, memory, 0.5, ids, full_mask), atol=1e-5)
+        ids = torch.cat([ids, torch.tensor([[5], [9]])], dim=1)
+    with pytest.raises(ValueError, match="one generate call"):
+        proc(ids[:, :2], scores)
+
+    torch.manual_seed(0)
+    seqs = dlc.generate(
+        policy,
+        memory,
+        0.5,
+        *encode_prompts(tok, ["1+1="]),
+        num_samples=3,
+        max_new_tokens=4,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    prompt_len = encode_prompts(tok, ["1+1="])[0].shape[1]
+    assert seqs.shape[0] == 3 and prompt_len < seqs.shape[1] <= prompt_len + 4
+    generated = dlc.response_mask(seqs, prompt_len, tok.eos_token_id)
+    attention = torch.cat(
+        [encode_prompts(tok, ["1+1="])[1].repeat(3, 1), torch.ones(3, seqs.shape[1] - prompt_len, dtype=torch.bool)],
+        dim=1,
+    )
+    memory.train()
+    opt = torch.optim.AdamW(memory.parameters(), lr=1e-2)
+    losses = [dlc.memory_step(memory, opt, seqs, attention, generated) for _ in range(5)]
+    assert losses[-1] < losses[0]  # m_phi learns what was sampled
+    with pytest.raises(NotImplementedError, match="DLC"):
+        dlc.require_scalable_dlc(0.5, "Qwen/Qwen3-1.7B")
