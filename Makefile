@@ -16,9 +16,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# The OpenRLHF tests import the real 0.11.2 package on CPU; its GPU stack (vLLM, DeepSpeed, flash-attn)
-	# is not needed for that and would pull CUDA builds, hence --no-deps.
+	# is not needed for that and would pull CUDA builds, hence --no-deps (its few pure-Python imports first).
+	$(BIN)/python -m pip install --quiet accelerate peft pylatexenc
 	$(BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
-	$(BIN)/python -m pip install --quiet accelerate peft
 	touch $@
 
 run: $(VENV)/.installed
