@@ -366,7 +366,7 @@ def test_download_local_directories(tmp_path):
     manifest = download("deepscaler", tmp_path / "d.jsonl", tmp_path / "d.json", local_files=str(repo))
     assert manifest["rows_read"] == 11352 and manifest["rows_written"] == 11350
     assert manifest["dropped"] == {"missing_answer": 2}
-    with pytest.raises(DataUnavailable, match=r"paper\.data\.local_files\.minerva"):
+    with pytest.raises(DataUnavailable, match=r"grid\.data\.local_files\.minerva"):
         download("minerva", tmp_path / "m.jsonl", tmp_path / "m.json", local_files=str(tmp_path / "nope"))
 
 
