@@ -1,4 +1,6 @@
-"""Snakemake script of rule evaluate (calibrl.pipeline.evaluate_job). Guarded: grading workers re-import __main__."""
+"""Snakemake script of rule evaluate (calibrl.pipeline.evaluate_job), for each checkpoint the job covers.
+
+Guarded: grading workers re-import __main__."""
 
 from calibrl.logs import setup
 from calibrl.pipeline import evaluate_job
@@ -6,11 +8,7 @@ from calibrl.pipeline import evaluate_job
 if __name__ == "__main__":
     setup(snakemake.log[0])
     splits = dict(zip(snakemake.params.split_names, snakemake.input.splits))
-    evaluate_job(
-        snakemake.params.grid,
-        snakemake.input.marker,
-        splits,
-        snakemake.output[0],
-        int(snakemake.wildcards.step),
-        snakemake.threads,
-    )
+    markers = snakemake.input.markers
+    markers = [markers] if isinstance(markers, str) else list(markers)
+    for marker, out, step in zip(markers, snakemake.output, snakemake.params.steps, strict=True):
+        evaluate_job(snakemake.params.grid, marker, splits, out, int(step), snakemake.threads)

@@ -1,0 +1,180 @@
+"""Grading throughput: calibrl.grading.Grader against a plain sequential math-verify loop.
+
+    .venv/bin/python benchmarks/grading_throughput.py [--problems 300] [--workers 2] [--quick]
+
+Builds realistic evaluation output from the real benchmark answers in ../shared/data/benchmarks (MATH-500,
+GSM8K, Minerva, OlympiadBench, AIME24, AMC23, MATH lighteval): n = 8 samples per problem, each a short
+worked answer ending in ``\\boxed{...}`` whose final answer is drawn from a sharpened per-problem
+distribution (the gold answer written one of several ways 50%, three wrong answers 30/15/5%), so final
+answers repeat within a problem as they do for an RL-trained policy; the repetition rate is measured and
+printed. A few pathological responses (a tower of powers, 300 nested fractions, a 20,000-character
+response, an unclosed box) are mixed in.
+
+Baseline: ``math_verify.verify(parse(gold), parse(response))`` per item in one process, no cache (math-verify
+defaults). Candidate: ``Grader(workers).grade(pairs)`` from a cold start (worker start-up included): a
+process pool plus a cache on the normalised (extracted answer, gold) pair. Prints the speed-up, the
+agreement of the two verdicts, and how many items the Grader reported as timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from _common import SHARED_DATA, machine, ratio_line
+
+FILES = (
+    "math500.jsonl",
+    "gsm8k_test.jsonl",
+    "minerva_math.jsonl",
+    "olympiadbench.jsonl",
+    "aime24.jsonl",
+    "amc23.jsonl",
+    "math_lighteval_test.jsonl",
+)
+N_SAMPLES = 8
+PATHOLOGICAL = (  # the cheap ones first, so that --quick stays quick
+    "therefore \\boxed{\\sqrt{2} + \\int_0^1 x\\,dx",
+    "step " * 4000 + "so the answer is \\boxed{7}",
+    "we get \\boxed{" + "\\frac{1}{" * 300 + "2" + "}" * 600 + "}",
+    "so the value is \\boxed{9^{9^{9^{9^{9^{9}}}}}}",
+)
+
+
+def load_golds(data_dir, problems: int, rng: random.Random) -> list[str]:
+    """``problems`` gold answers, an equal share from each benchmark file, in a fixed random order."""
+    per_file = max(1, problems // len(FILES))
+    golds: list[str] = []
+    for name in FILES:
+        path = data_dir / name
+        if not path.is_file():
+            sys.exit(f"grading_throughput: {path} is missing (the real benchmark copies; see --data)")
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        answers = [str(r["answer"]).strip() for r in rows if str(r.get("answer", "")).strip()]
+        golds += rng.sample(answers, min(per_file, len(answers)))
+    rng.shuffle(golds)
+    return golds[:problems]
+
+
+def variants(gold: str) -> list[str]:
+    """Ways a model writes the gold answer (equal after math-verify, different strings)."""
+    out = [gold, f" {gold} "]
+    if gold.lstrip("-").isdigit():
+        out += [f"{gold}.0", f"{int(gold):,}" if abs(int(gold)) >= 1000 else f"{gold}.00"]
+    return out
+
+
+def wrong_answers(gold: str, pool: list[str], rng: random.Random) -> list[str]:
+    if gold.lstrip("-").isdigit():
+        g = int(gold)
+        return [str(g + 1), str(g * 2 + 3), str(-g - 7)]
+    return rng.sample(pool, 3)
+
+
+def build_items(golds: list[str], rng: random.Random, pathological: int) -> list[tuple[str, str]]:
+    """(response, gold) pairs: N_SAMPLES per problem, and ``pathological`` adversarial items among them."""
+    items = []
+    for gold in golds:
+        right, wrong = variants(gold), wrong_answers(gold, golds, rng)
+        for _ in range(N_SAMPLES):
+            u = rng.random()
+            final = rng.choice(right) if u < 0.5 else wrong[0] if u < 0.8 else wrong[1] if u < 0.95 else wrong[2]
+            steps = rng.randint(1, 4)
+            work = " ".join(f"Step {i}: we simplify the expression {rng.randint(2, 99)}." for i in range(steps))
+            items.append((f"{work} Therefore the final answer is $\\boxed{{{final}}}$.", gold))
+    for i in range(pathological):
+        # at random places, as in real output (and not all in one worker's chunk)
+        items.insert(rng.randrange(len(items) + 1), (PATHOLOGICAL[i % len(PATHOLOGICAL)], golds[i % len(golds)]))
+    return items
+
+
+def baseline(items: list[tuple[str, str]]) -> tuple[list[bool], list[float]]:
+    """The plain loop: parse gold, parse response, verify; math-verify's own defaults and extraction.
+    Returns the verdicts and each item's time."""
+    import math_verify
+
+    verdicts, seconds = [], []
+    for response, gold in items:
+        t0 = time.perf_counter()
+        try:
+            ok = bool(math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(response)))
+        except Exception:
+            ok = False
+        seconds.append(time.perf_counter() - t0)
+        verdicts.append(ok)
+    return verdicts, seconds
+
+
+def grade_cold(items: list[tuple[str, str]], workers: int, timeout: float):
+    """A fresh Grader (worker start-up included): (seconds, grades, stats)."""
+    from calibrl.grading import Grader
+
+    t0 = time.perf_counter()
+    with Grader(workers=workers, timeout=timeout) as grader:
+        grades = grader.grade(items)
+        stats = dict(grader.stats)
+    return time.perf_counter() - t0, grades, stats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", type=int, default=300, help="problems (x 8 samples each)")
+    parser.add_argument("--pathological", type=int, default=4, help="adversarial items mixed in")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=5.0, help="Grader per-call timeout (s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=lambda s: __import__("pathlib").Path(s), default=SHARED_DATA / "benchmarks")
+    parser.add_argument("--quick", action="store_true", help="tiny size, for the smoke test")
+    args = parser.parse_args()
+    if args.quick:
+        args.problems, args.pathological = 14, 1
+
+    from calibrl.grading import _cache_key, extract_answer
+
+    rng = random.Random(args.seed)
+    items = build_items(load_golds(args.data, args.problems, rng), rng, args.pathological)
+    odd = set(PATHOLOGICAL)
+    ordinary = [it for it in items if it[0] not in odd]
+    distinct = len({_cache_key(r, extract_answer(r), g) for r, g in items})
+    repetition = 1 - distinct / len(items)
+
+    t_grader, grades, stats = grade_cold(items, args.workers, args.timeout)
+    t_ordinary, _, _ = grade_cold(ordinary, args.workers, args.timeout)
+    t0 = time.perf_counter()
+    base, seconds = baseline(items)
+    t_base = time.perf_counter() - t0
+    t_base_ordinary = sum(t for (r, _), t in zip(items, seconds) if r not in odd)
+
+    agree = sum(g.correct == b for g, b in zip(grades, base)) / len(items)
+    print(f"machine: {machine()}")
+    print(
+        f"items: {len(items)} ({len(ordinary)} from {args.problems} problems x {N_SAMPLES} samples + "
+        f"{len(items) - len(ordinary)} pathological); distinct (extracted, gold) pairs {distinct}, "
+        f"repetition rate {repetition:.1%}"
+    )
+    print(
+        f"baseline sequential math-verify loop: {t_base:.2f} s ({len(items) / t_base:.0f} items/s), "
+        f"slowest item {max(seconds):.2f} s, pathological items {t_base - t_base_ordinary:.2f} s in all"
+    )
+    print(
+        f"Grader({args.workers} workers, cache): {t_grader:.2f} s ({len(items) / t_grader:.0f} items/s) incl. worker "
+        f"start-up; cache hits {stats['cache_hits']}, timed out {stats['timeouts']} (each stopped at its "
+        f"{args.timeout:g} s timeout), errors {stats['errors']}"
+    )
+    print(f"verdict agreement with the baseline: {agree:.1%}")
+    print(ratio_line("grading throughput (Grader / sequential loop)", t_base / t_grader, "target >= 10x on 2 cores"))
+    print(
+        ratio_line(
+            "grading throughput, ordinary items only",
+            t_base_ordinary / t_ordinary,
+            f"baseline {t_base_ordinary:.2f} s, Grader {t_ordinary:.2f} s",
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

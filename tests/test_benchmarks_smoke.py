@@ -1,0 +1,42 @@
+"""Each benchmark command runs at its tiny --quick size and prints a ratio, so that none of them rots.
+
+Timings are never asserted: they are the benchmarks' business (benchmarks/README.md)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
+RATIO = re.compile(r"^ratio [^:]+: \d+\.\d\dx", re.M)
+
+
+@pytest.mark.parametrize(
+    "script", ["grading_throughput.py", "dlc_sampling.py", "rollout_throughput.py", "dag_planning.py"]
+)
+def test_benchmark_runs_and_prints_a_ratio(script):
+    if script == "grading_throughput.py" and not SHARED_BENCHMARKS.is_dir():
+        pytest.skip(f"{SHARED_BENCHMARKS} (the real benchmark answers) is absent")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert RATIO.search(proc.stdout), proc.stdout[-3000:]
+    assert "machine:" in proc.stdout
+
+
+def test_embedded_default_benchmark_documents_itself():
+    # The full run takes minutes; its command line must still parse.
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "embedded_default.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "--cores" in proc.stdout, proc.stderr
