@@ -2,6 +2,7 @@
 #
 #   snakemake --cores 2             the embedded default (config/config.yaml), CPU only
 #   snakemake --cores 2 toy         only the softmax experiments (Figures 1-5)
+#   snakemake --report results/report.html   the self-contained report of a finished run
 #
 # Rules live in workflow/rules/, logic in the calibrl package (src/calibrl).
 
@@ -11,6 +12,9 @@ min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
@@ -26,3 +30,4 @@ rule all:
     input:
         rules.toy.input,
         rules.aggregate.output,
+        rules.grid_mlflow.output,

@@ -2,6 +2,8 @@
 Tables 2-5 and Figure 6 (one model plus a DLC memory), checkpoint evaluation, tables and MLflow."""
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 from conftest import load_config, snakemake, write_config
@@ -52,7 +54,7 @@ def test_micro_grid_end_to_end(workflow_dir):
     assert {"grpo", "iac", "filter"} <= set(t5.columns)
     assert (res / "figures" / "figure6_entropy.png").stat().st_size > 0
     summary = (res / "summary.md").read_text()
-    assert "IAC above GRPO" in summary and "Seed noise" in summary
+    assert "IAC above grpo" in summary and "Seed noise" in summary
     for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0.log", "aggregate.log"):
         assert (res / "logs" / log).stat().st_size > 0
 
@@ -65,6 +67,36 @@ def test_micro_grid_end_to_end(workflow_dir):
     assert len(client.get_metric_history(dlc.info.run_id, "eval/test/avg_at_4")) == 2
     assert len(client.get_metric_history(dlc.info.run_id, "train/entropy")) == 4
 
+    assert json.loads((res / "grid_mlflow.json").read_text())["runs"]["tables"]
+    beside = (res / "tables" / "table4_vs_paper.md").read_text()
+    assert "only orderings and signs" in beside and "| PASS@8 | dapo_iac_dlc | **95.19**" in beside
+    assert "The paper's orderings in our numbers" in beside and "Beside the paper" in summary
+
     again = snakemake(workflow_dir, "-n")
     assert "Nothing to be done" in again.stdout + again.stderr
     assert "train" in plan.stdout
+
+    # The self-contained report of the finished run: every table, figure and verdict, by paper section.
+    snakemake(workflow_dir, "--report", "results/report.html")
+    html = (res / "report.html").read_text()
+    for name in (
+        "table2_vs_paper.html",
+        "table5_vs_paper.html",
+        "figure6_entropy.png",
+        "avg_at_4_qwen3-tiny-m.png",
+        "summary.html",
+        "verdicts.html",
+        "4.2 Main results",
+        "Appendix I, Table 5",
+        "2.4 Softmax toy",
+    ):
+        assert name in html, name
+
+    # The terminal view of the same tables.
+    cli = subprocess.run(
+        [sys.executable, "-m", "calibrl.cli", "tables", "--results", str(res), "--table", "table2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "Table 2: AVG@4 (%), beside the paper" in cli.stdout and "| qwen3-tiny-m | grpo |" in cli.stdout

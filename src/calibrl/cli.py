@@ -41,6 +41,28 @@ def _toy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tables(args: argparse.Namespace) -> int:
+    """Print the aggregated tables of a results folder; beside the paper's numbers when they are comparable."""
+    from pathlib import Path
+
+    folder = Path(args.results) / "tables"
+    names = args.table or ["table2", "table3", "table4", "table5"]
+    for name in names:
+        # The _vs_paper pages already hold ours beside the paper's (cell by cell when the grid is the paper's,
+        # orderings only otherwise): the aggregation decided that from the data, so the CLI need not guess.
+        path = folder / (f"{name}_vs_paper.md" if args.paper else f"{name}.md")
+        if not path.is_file():
+            raise ValueError(
+                f"{path} does not exist: run the workflow's aggregate rule first "
+                f"(snakemake --cores 2 {path}), or point --results at the config's results folder"
+            )
+        print(path.read_text(encoding="utf-8"))
+    summary = Path(args.results) / "summary.md"
+    if args.paper and summary.is_file():
+        print(summary.read_text(encoding="utf-8").split("## Seed noise")[0])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calibrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
     toy.add_argument("--record-every", type=int, default=5, help="record every N steps (default: 5)")
     toy.add_argument("--out", required=True, help="output CSV file (.csv or .csv.gz)")
     toy.set_defaults(func=_toy)
+
+    tables = sub.add_parser(
+        "tables",
+        help="print the aggregated Tables 2-5 of a results folder, beside the paper's published numbers",
+        description="Print the tables the aggregate rule wrote under RESULTS/tables. By default each table is "
+        "shown beside the paper's: cell by cell (ours / paper (difference)) when the results come from the "
+        "paper's grid (config/paper.yaml: same models, benchmarks and k), otherwise ours and the paper's "
+        "tables with the paper's orderings checked on ours (signs only). --no-paper prints ours alone.",
+    )
+    tables.add_argument(
+        "--results",
+        default="results",
+        help="results folder of the run (the config's `results:`; default: results; the paper config "
+        "writes results/paper)",
+    )
+    tables.add_argument(
+        "--table", action="append", choices=("table2", "table3", "table4", "table5"), help="only this table"
+    )
+    tables.add_argument("--no-paper", dest="paper", action="store_false", help="our tables only")
+    tables.set_defaults(func=_tables)
     return parser
 
 

@@ -5,12 +5,18 @@ writer), and writing is idempotent. A run is identified by a stable key (tag ``c
 re-logging the same results reuses the run and adds nothing, because metrics carry deterministic
 timestamps and MLflow skips identical rows. If the results changed, the old run is marked deleted
 and replaced, so the UI never shows two runs for one key.
+
+A store that cannot be used (its folder is a file, its database locked by another writer or not a
+SQLite database) raises ``StoreError`` naming the file and what to do, before anything is written; the
+result files the store is built from are never touched, so moving a broken store aside and rerunning the
+MLflow rule rebuilds it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +24,15 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 KEY_TAG = "calibrl.key"
+EXPERIMENT_KIND = "mlflow.experimentKind"
 _TIMESTAMP_MS = 0  # deterministic: identical re-logs are deduplicated by the SQL store
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """The tracking store cannot be used; the message names the file and the remedy."""
 
 
 def tracking_uri(store_dir: str | Path) -> str:
@@ -40,11 +51,58 @@ class RunRecord:
     artifacts: list[tuple[Path, str]] = field(default_factory=list)  # (local file, artifact dir)
 
 
+def flatten(tree: dict, prefix: str) -> dict:
+    """Nested config -> {"prefix.a.b": leaf} for MLflow params; lists stay whole (params are strings)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}"
+        flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def check_database(db: Path, lock_timeout: float = 30.0) -> None:
+    """Raise ``StoreError`` if ``db`` is not a readable, writable SQLite database (checked without writing)."""
+    remedy = "the result files are intact: move the store aside and rerun the MLflow rules to rebuild it"
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=lock_timeout)
+    except sqlite3.Error as err:
+        raise StoreError(f"MLflow store {db} cannot be opened for writing ({err}); check its permissions") from err
+    try:
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        if con.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            raise sqlite3.DatabaseError("quick_check failed")
+        con.execute("BEGIN IMMEDIATE")  # takes the write lock, so a busy writer shows up here, not mid-sync
+        con.rollback()
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err) or "busy" in str(err):
+            raise StoreError(
+                f"MLflow store {db} is locked by another process (waited {lock_timeout:g} s): another aggregation "
+                "or a program writing to it is running; rerun when it has finished"
+            ) from err
+        raise StoreError(f"MLflow store {db} cannot be used ({err}); {remedy}") from err
+    except sqlite3.DatabaseError as err:
+        raise StoreError(f"MLflow store {db} is corrupted ({err}); {remedy}") from err
+    finally:
+        con.close()
+
+
 class Store:
     """A handle on the project's tracking store (``store_dir/mlflow.db`` + ``store_dir/artifacts``)."""
 
-    def __init__(self, store_dir: str | Path):
+    def __init__(self, store_dir: str | Path, must_exist: bool = False, lock_timeout: float = 30.0):
+        """``must_exist``: for readers (a missing store is an error, not a new empty one).
+        ``lock_timeout``: seconds to wait for another writer before giving up."""
         self.dir = Path(store_dir)
+        self.db = self.dir / "mlflow.db"
+        if self.dir.exists() and not self.dir.is_dir():
+            raise StoreError(f"MLflow store {self.dir} is a file, not a folder; move it aside and rerun")
+        if must_exist and not self.db.is_file():
+            raise StoreError(
+                f"MLflow store {self.db} does not exist: run the workflow (or `snakemake --forcerun grid_mlflow "
+                "toy_mlflow`) to build it from the result files"
+            )
+        if self.db.exists():
+            check_database(self.db, lock_timeout)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.uri = tracking_uri(self.dir)
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -56,7 +114,10 @@ class Store:
                 self.client.restore_experiment(exp.experiment_id)
             return exp.experiment_id
         location = (self.dir / "artifacts" / name).resolve().as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        # Marks the experiment as model training, so the UI opens on the runs and charts, not the GenAI view.
+        return self.client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND: "custom_model_development"}
+        )
 
     def _find(self, exp_id: str, key: str):
         runs = self.client.search_runs([exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=10)

@@ -7,7 +7,13 @@ rule toy_figure:
         seeds=res("toy/{figure}/seeds.csv.gz"),
         curves=res("toy/{figure}/curves.csv"),
         stats=res("toy/{figure}/stats.csv"),
-        plot=res("toy/{figure}/plot.png"),
+        plot=report(
+            res("toy/{figure}/plot.png"),
+            caption="../report/toy_figure.rst",
+            category="2.4 Softmax toy (Figures 1-5)",
+            subcategory="{figure}",
+            labels={"figure": "{figure}"},
+        ),
     params:
         toy=config["toy"],
     log:
@@ -23,6 +29,13 @@ rule toy_verdicts:
         stats=expand(res("toy/{figure}/stats.csv"), figure=TOY_FIGURES),
     output:
         md=res("toy/verdicts.md"),
+        html=report(
+            res("toy/verdicts.html"),
+            caption="../report/toy_verdicts.rst",
+            category="2.4 Softmax toy (Figures 1-5)",
+            subcategory="verdicts",
+            labels={"figure": "verdicts"},
+        ),
         csv=res("toy/verdicts.csv"),
     params:
         toy=config["toy"],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrl.io import write_csv, write_json, write_text
+from calibrl.io import write_csv, write_json
 from calibrl.logs import Progress
 from calibrl.toy import verdicts as V
 from calibrl.toy.figures import FACTOR_COLUMNS, FIGURES, figure_settings, read_table, run_figure
@@ -45,7 +45,9 @@ def verdicts_job(stats_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: 
         "memory_lr",
     )
     settings = {k: cfg[k] for k in keys}
-    write_text(md_path, V.render_markdown(comp, summary, settings))
+    from calibrl.report import write_markdown  # the .md and an .html twin for the Snakemake report
+
+    write_markdown(md_path, V.render_markdown(comp, summary, settings))
     write_csv(csv_path, comp)
     for _, row in summary.iterrows():
         log.info("verdict: %s -> %s (%d/%d)", row["statement"], row["verdict"], row["held"], row["tested"])

@@ -1,0 +1,115 @@
+"""The MLflow UI on the project's store, checked in a real headless Chromium: the experiment, its runs and a
+metric chart are shown. Screenshots go to results/mlflow_ui/ (view them)."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import REPO
+
+from calibrl.tracking import RunRecord, Store
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="chromium is not installed (apt-get install -y chromium; CI installs it)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ui(tmp_path):
+    store = Store(tmp_path / "mlflow")
+    for method, alpha in (("grpo", 0.0), ("iac", 1.0)):
+        store.upsert(
+            "calibrl-ui-test",
+            RunRecord(
+                key=f"grid/tiny/{method}/s0",
+                name=f"tiny/{method}/s0",
+                params={"method": method, "iac_alpha": alpha},
+                tags={"model": "tiny", "method": method, "alpha": alpha},
+                metrics=[("eval/test/avg_at_8", 0.2 + 0.01 * s + alpha / 10, s) for s in range(0, 100, 10)],
+            ),
+        )
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        store.uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
+                time.sleep(0.5)
+        yield url, store
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_experiment_runs_and_metric_chart_in_chromium(ui, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    url, store = ui
+    exp_id = store.client.get_experiment_by_name("calibrl-ui-test").experiment_id
+    run_id = store.client.search_runs([exp_id], filter_string="tags.method = 'iac'")[0].info.run_id
+    shots = REPO / "results" / "mlflow_ui"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            args=FLAGS,
+            headless=True,
+            viewport={"width": 1400, "height": 900},
+        )
+        page = browser.new_page()
+        page.goto(f"{url}/#/experiments/{exp_id}/runs", timeout=60_000)
+        page.get_by_text("calibrl-ui-test").first.wait_for(timeout=60_000)
+        page.get_by_text("tiny/iac/s0").first.wait_for(timeout=60_000)
+        assert page.get_by_text("tiny/grpo/s0").count() >= 1
+        page.screenshot(path=str(shots / "experiment.png"))
+        metric = "eval/test/avg_at_8"
+        # The run's metric charts (MLflow 3: "Model metrics" tab), one chart per metric key.
+        page.goto(f"{url}/#/experiments/{exp_id}/runs/{run_id}/model-metrics", timeout=60_000)
+        page.get_by_text(metric).first.wait_for(timeout=60_000)
+        page.locator(".js-plotly-plot, canvas, svg.main-svg").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)  # let the chart finish drawing before the screenshot
+        page.screenshot(path=str(shots / "metric_chart.png"))
+        browser.close()
+    assert (shots / "experiment.png").stat().st_size > 10_000
+    assert (shots / "metric_chart.png").stat().st_size > 10_000

@@ -1,0 +1,112 @@
+"""The MLflow view of the grid (calibrl.tracking, pipeline._sync_grid_mlflow) on a real SQLite store:
+idempotent over repeated aggregations, and a missing, locked or corrupted store fails clearly without
+touching any result file."""
+
+import hashlib
+import json
+import sqlite3
+
+import pytest
+from conftest import REPO, load_config
+from mlflow.tracking import MlflowClient
+
+from calibrl.pipeline import _sync_grid_mlflow, aggregate_job
+from calibrl.tracking import Store, StoreError
+
+RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m", "grpo", 1)]
+
+
+@pytest.fixture
+def results(tmp_path):
+    """A results folder as the workflow leaves it: per-checkpoint evaluations, training metrics, tables."""
+    grid = load_config(REPO)["grid"]
+    grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": []}
+    res = tmp_path / "results"
+    evals, metrics = [], []
+    for i, (model, method, seed) in enumerate(RUNS):
+        run = res / "runs" / model / method / f"s{seed}"
+        (run / "eval").mkdir(parents=True)
+        for step in (25, 50):
+            acc = 0.1 * (i + 1) + step / 1000
+            split = {"avg_at_8": acc, "pass_at_8": min(1.0, 2 * acc), "distinct_correct": 1.0 + acc}
+            (run / "eval" / f"step_{step}.json").write_text(
+                json.dumps({"step": step, "splits": {"test": split, "ood": split}})
+            )
+            evals.append(str(run / "eval" / f"step_{step}.json"))
+        lines = [{"step": s, "reward": 0.1 * s, "entropy": 1.0 / s, "kl": 0.0, "seconds": 0.1} for s in range(1, 51)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        metrics.append(str(run / "metrics.jsonl"))
+    aggregate_job(grid, evals, metrics, str(res), str(res), None, None, str(res / "aggregate.json"))
+    return grid, evals, metrics, res
+
+
+def sync(results, **kw):
+    grid, evals, metrics, res = results
+    return _sync_grid_mlflow(grid, evals, metrics, str(res), res, str(res / "mlflow"), "calibrl-test", **kw)
+
+
+def digests(res):
+    return {
+        p: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in res.rglob("*")
+        if p.is_file() and "mlflow" not in p.relative_to(res).parts
+    }
+
+
+def test_three_aggregations_leave_one_run_per_key_and_no_duplicate_point(results):
+    res = results[3]
+    first = sync(results, runs_json=str(res / "mlflow_runs.json"))
+    sync(results)
+    sync(results)
+    client = MlflowClient(tracking_uri=f"sqlite:///{res / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("calibrl-test")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    assert sorted(r.info.run_name for r in runs) == sorted(
+        [f"{m}/{me}/s{s}" for m, me, s in RUNS] + ["tables and figures"]
+    )
+    iac = [r for r in runs if r.data.tags.get("method") == "iac"][0]
+    assert len(client.get_metric_history(iac.info.run_id, "eval/test/avg_at_8")) == 2
+    assert len(client.get_metric_history(iac.info.run_id, "train/entropy")) == 50
+    assert iac.data.tags["alpha"] == "1.0" and iac.data.tags["table"] == "table2_3,table4,table5"
+    assert iac.data.params["grid.train.lr"] == "0.0003" and iac.data.params["iac_alpha"] == "1.0"
+    seeds = sorted(r.data.tags["seed"] for r in runs if r.data.tags.get("method") == "grpo")
+    assert seeds == ["0", "1"]
+    assert {a.path for a in client.list_artifacts(iac.info.run_id, "tables")} >= {"tables/table2_vs_paper.md"}
+    assert json.loads((res / "mlflow_runs.json").read_text())["runs"] == first
+    assert {r.info.run_id for r in runs} == set(first.values())  # the same runs, reused, never recreated
+
+
+def test_corrupted_store_fails_clearly_and_keeps_results(results):
+    res = results[3]
+    before = digests(res)
+    (res / "mlflow").mkdir()
+    (res / "mlflow" / "mlflow.db").write_bytes(b"not a database " * 64)
+    with pytest.raises(StoreError, match=r"mlflow\.db is corrupted .*move the store aside"):
+        sync(results)
+    assert digests(res) == before
+    assert (res / "mlflow" / "mlflow.db").read_bytes() == b"not a database " * 64  # not "repaired" behind our back
+
+
+def test_locked_store_fails_clearly_and_keeps_results(results):
+    res = results[3]
+    Store(res / "mlflow")  # a real, empty store
+    before = digests(res)
+    other = sqlite3.connect(res / "mlflow" / "mlflow.db")
+    other.execute("BEGIN EXCLUSIVE")  # another writer holds the lock
+    try:
+        with pytest.raises(StoreError, match="is locked by another process"):
+            Store(res / "mlflow", lock_timeout=0.2)
+    finally:
+        other.rollback()
+        other.close()
+    assert digests(res) == before
+
+
+def test_missing_store_is_an_error_for_readers_and_created_for_the_writer(results, tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        Store(tmp_path / "nowhere", must_exist=True)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StoreError, match="is a file, not a folder"):
+        Store(tmp_path / "afile")
+    assert sync(results)  # the writer builds a missing store from the result files
