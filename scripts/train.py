@@ -12,8 +12,9 @@ if __name__ == "__main__":
         wc.method,
         int(wc.seed),
         inp.train,
-        inp.init,
+        inp.get("init"),  # tiny models only: the paper's Hub models need no warm start
         snakemake.params.run_dir,
         inp.get("memory"),
         snakemake.threads,
+        success_path=inp.get("success"),  # paper scale, filtering baseline: rank_train's success rates
     )

@@ -1,5 +1,6 @@
 """Shared fixtures: a copy of the workflow in a temporary directory, and the shared data folder."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,25 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_slurm_probe(request, tmp_path_factory, monkeypatch):
+    """Outside the SLURM tests, an ``scontrol`` that fails at once comes first on PATH.
+
+    Snakemake's SLURM executor plugin runs ``scontrol show config`` whenever Snakemake starts; where the SLURM
+    client is installed but no controller answers (this machine while scripts/local_slurm.sh is stopped),
+    that call waits ~9 s in every ``snakemake`` subprocess. Where no client is installed it fails at once,
+    which is what this reproduces.
+    """
+    if request.node.get_closest_marker("slurm"):
+        return
+    bin_dir = tmp_path_factory.getbasetemp() / "no-slurm-bin"
+    if not (bin_dir / "scontrol").exists():
+        bin_dir.mkdir(exist_ok=True)
+        (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
 @pytest.fixture

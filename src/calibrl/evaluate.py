@@ -8,7 +8,7 @@ answers per problem (out of n samples) measures how many solution modes the poli
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,7 +40,7 @@ def evaluate_policy(
     progress = Progress("evaluation batches", total, log, every=10.0)
     results = {}
     for name, records in splits.items():
-        correct_matrix, distinct, timeouts, lengths = [], [], 0, []
+        groups, lengths = [], []
         for start in range(0, len(records), prompts_per_batch):
             chunk = records[start : start + prompts_per_batch]
             roll = sample(
@@ -55,21 +55,24 @@ def evaluate_policy(
             )
             grades = grade(roll.texts, [r for r in chunk for _ in range(n)])
             lengths += roll.response_mask.sum(-1).tolist()
-            for i in range(len(chunk)):
-                group = grades[i * n : (i + 1) * n]
-                correct_matrix.append([g.correct for g in group])
-                distinct.append(len({g.extracted for g in group if g.correct}))
-                timeouts += sum(g.timed_out for g in group)
+            groups += [grades[i * n : (i + 1) * n] for i in range(len(chunk))]
             progress.update(note=name)
-        summary = summarize(correct_matrix, k)
-        results[name] = {
-            f"avg_at_{k}": summary["avg_at_k"],
-            f"pass_at_{k}": summary["pass_at_k"],
-            "distinct_correct": sum(distinct) / max(len(distinct), 1),
-            "n_problems": summary["n_problems"],
-            "n_samples": n,
-            "timeouts": timeouts,
-            "response_length": sum(lengths) / max(len(lengths), 1),
-        }
+        results[name] = split_metrics(groups, lengths, k)
         log.info("%s: %s", name, results[name])
     return results
+
+
+def split_metrics(grades: Sequence[Sequence], lengths: Sequence[int], k: int) -> dict:
+    """One split's result from each problem's n grades (``calibrl.grading.Grade``) and the response lengths:
+    AVG@k, PASS@k, distinct correct answers per problem, timeouts; the layout every evaluator writes."""
+    summary = summarize([[g.correct for g in group] for group in grades], k)
+    distinct = [len({g.extracted for g in group if g.correct}) for group in grades]
+    return {
+        f"avg_at_{k}": summary["avg_at_k"],
+        f"pass_at_{k}": summary["pass_at_k"],
+        "distinct_correct": sum(distinct) / max(len(distinct), 1),
+        "n_problems": summary["n_problems"],
+        "n_samples": len(grades[0]) if grades else 0,
+        "timeouts": sum(g.timed_out for group in grades for g in group),
+        "response_length": sum(lengths) / max(len(lengths), 1),
+    }

@@ -79,19 +79,22 @@ def train_job(
     method: str,
     seed: int,
     train_path: str,
-    init_info: str,
+    init_info: str | None,
     run_dir: str,
     memory_info: str | None = None,
     threads: int = 1,
+    success_path: str | None = None,
 ) -> None:
-    """Train one (model, method, seed) run to ``grid.train.steps``, resuming from its last checkpoint."""
+    """Train one (model, method, seed) run to ``grid.train.steps``, resuming from its last checkpoint.
+
+    ``success_path``: at paper scale, the filtering baseline's success rates (``rank_job``)."""
     import json
 
     from calibrl.tasks import Scorer
     from calibrl.train.local import Trainer
 
     if grid["trainer"] == "openrlhf":
-        return openrlhf_train_job(grid, model, method, seed, train_path, run_dir)
+        return openrlhf_train_job(grid, model, method, seed, train_path, run_dir, success_path)
     _threads(threads)
     m = G.method({"grid": grid}, method)
     records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
@@ -155,7 +158,11 @@ def aggregate_job(
     experiment: str,
     done_path: str,
 ) -> None:
-    """Tables 2-5, Figure 6, plots and the orderings summary from the result files; then the MLflow sync."""
+    """Tables 2-5 beside the paper's, Figure 6, plots and the orderings summary from the result files.
+
+    ``store_dir`` None leaves MLflow alone: the workflow syncs it in its own rule (``_sync_grid_mlflow``), so
+    that a broken store fails that rule only and never costs the tables.
+    """
     from calibrl import report as R
 
     out = Path(out_dir)
@@ -164,9 +171,10 @@ def aggregate_job(
     tables = R.build_tables(evals, grid)
     R.write_tables(tables, out / "tables", grid)
     fig6 = R.figure6(train, grid)
-    from calibrl.io import write_csv, write_text
+    from calibrl.io import write_csv
 
     write_csv(out / "tables" / "figure6_entropy.csv", fig6)
+    checks, matched = R.write_beside(tables, fig6, out / "tables", grid)
     R.plot_over_steps(
         fig6,
         "entropy_smoothed",
@@ -174,6 +182,7 @@ def aggregate_job(
         "Figure 6: policy entropy (5-step mean)",
         "entropy (nats per token)",
         out / "figures" / "figure6_entropy.png",
+        reference=R.figure6_reference(matched),
     )
     main_seed = evals[evals["seed"] == grid["seed"]]
     for metric, label in R.metrics(grid).items():
@@ -198,28 +207,62 @@ def aggregate_job(
         out / "figures" / "entropy_all.png",
         panels="model",
     )
-    checks = R.orderings(tables, evals, fig6, grid)
     noise = R.noise_table(evals, grid)
-    write_text(out / "summary.md", R.render_summary(checks, noise, grid))
+    R.write_markdown(out / "summary.md", R.render_summary(checks, matched, noise, grid))
     for c in checks:
-        log.info("%s: %s (%s)", c["claim"], "holds" if c["holds"] else "does not hold", c["detail"])
-    _sync_grid_mlflow(grid, evals, train, out, store_dir, experiment)
-    write_json(done_path, {"tables": sorted(str(p) for p in (out / "tables").glob("*")), "orderings": checks})
+        verdict = {True: "holds", False: "does not hold", None: "not decidable"}[c["holds"]]
+        log.info("%s %s: %s (ours %s; paper %s)", c["table"], c["claim"], verdict, c["ours"], c["paper"])
+    if store_dir is not None:
+        _sync_grid_mlflow(grid, eval_paths, metric_paths, root, out, store_dir, experiment)
+    write_json(
+        done_path,
+        {"tables": sorted(str(p) for p in (out / "tables").glob("*")), "matched_paper": matched, "orderings": checks},
+    )
 
 
-def _sync_grid_mlflow(grid: dict, evals, train, out: Path, store_dir: str, experiment: str) -> None:
-    from calibrl.tracking import RunRecord, Store
+def _sync_grid_mlflow(
+    grid: dict,
+    eval_paths: list[str],
+    metric_paths: list[str],
+    root: str,
+    out: str | Path,
+    store_dir: str,
+    experiment: str,
+    runs_json: str | None = None,
+) -> dict:
+    """The grid's MLflow view, rebuilt from the result files (idempotent: runs are keyed by ``calibrl.key``).
 
-    store = Store(store_dir)
-    train_settings_dict = grid["train"]
+    One run per (model, method, seed): a method run with extra seeds (grid.extra_seeds) gets one run per seed,
+    tagged ``seed``, so the seed spread stays visible; the main seed is grid.seed. Params: the method's
+    switches and the whole resolved grid config (flattened, ``grid.*``). Metrics: every evaluation metric
+    per benchmark (``eval/{benchmark}/{metric}``) and every training metric (``train/{name}``) per step.
+    Artifacts: the figures of the run's model and the tables (beside the paper's) it appears in; one more run,
+    ``tables and figures``, holds every table, figure and the summary.
+    """
+    import pandas as pd
+
+    from calibrl import report as R
+    from calibrl.tracking import RunRecord, Store, flatten
+
+    out = Path(out)
+    store = Store(store_dir)  # fails here, before any write, if the store is locked or corrupted
+    evals = R.load_evals(eval_paths, root)
+    train = R.load_train_metrics(metric_paths, root)
+    config_params = flatten(grid, "grid")
+    skip = {"model", "method", "seed", "step", "seconds"}
+    run_ids = {}
     for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
         m = G.method({"grid": grid}, method)
         metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
         tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
-        for col in ("reward", "accuracy", "entropy", "response_length", "distinct_correct", "kl", "loss", "clip_frac"):
-            if col in tr:
-                metrics += [(f"train/{col}", v, s) for s, v in zip(tr["step"], tr[col]) if v == v]
+        for col in [c for c in tr.columns if c not in skip and pd.api.types.is_numeric_dtype(tr[c])]:
+            metrics += [(f"train/{col}", v, s) for s, v in zip(tr["step"], tr[col]) if v == v]
         tables = [t for t, names in grid["tables"].items() if method in names]
+        in_tables = {"table2_3": ["table2", "table3"]}
+        artifacts = [(p, "figures") for p in sorted((out / "figures").glob(f"*_{model}.png"))]
+        for t in tables:
+            for name in in_tables.get(t, [t]):
+                artifacts += [(p, "tables") for p in sorted((out / "tables").glob(f"{name}_vs_paper.*"))]
         record = RunRecord(
             key=f"grid/{model}/{method}/s{seed}",
             name=f"{model}/{method}/s{seed}",
@@ -228,9 +271,8 @@ def _sync_grid_mlflow(grid: dict, evals, train, out: Path, store_dir: str, exper
                 "method": method,
                 "seed": seed,
                 **m.to_dict(),
-                **{f"train.{k}": v for k, v in train_settings_dict.items()},
-                **{f"eval.{k}": v for k, v in grid["eval"].items()},
                 **{f"arch.{k}": v for k, v in architecture(grid, model).items()},
+                **config_params,
             },
             tags={
                 "part": "grid",
@@ -239,18 +281,25 @@ def _sync_grid_mlflow(grid: dict, evals, train, out: Path, store_dir: str, exper
                 "alpha": m.iac_alpha,
                 "mu": m.dlc_mu,
                 "seed": seed,
+                "main_seed": str(seed == grid["seed"]).lower(),
                 "table": ",".join(tables),
                 "trainer": grid["trainer"],
             },
             metrics=metrics,
+            artifacts=[(p, d) for p, d in artifacts if p.is_file()],
         )
-        store.upsert(experiment, record)
-    artifacts = [(p, "tables") for p in sorted((out / "tables").glob("*"))]
+        run_ids[record.name] = store.upsert(experiment, record)
+    artifacts = [(p, "tables") for p in sorted((out / "tables").glob("*")) if p.is_file()]
     artifacts += [(p, "figures") for p in sorted((out / "figures").glob("*.png"))]
     artifacts.append((out / "summary.md", "summary"))
-    store.upsert(
-        experiment, RunRecord(key="grid/tables", name="tables and figures", tags={"part": "grid"}, artifacts=artifacts)
+    run_ids["tables"] = store.upsert(
+        experiment,
+        RunRecord(key="grid/tables", name="tables and figures", tags={"part": "grid"}, artifacts=artifacts),
     )
+    log.info("logged %d grid runs to %s (experiment %s)", len(run_ids), store.uri, experiment)
+    if runs_json:
+        write_json(runs_json, {"experiment": experiment, "tracking_uri": store.uri, "runs": run_ids})
+    return run_ids
 
 
 def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> None:
@@ -274,15 +323,15 @@ def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> N
     )
 
 
-def openrlhf_run(grid: dict, model: str, method: str, seed: int, train_path: str, run_dir: str) -> dict:
-    """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from the config."""
+def openrlhf_run(grid: dict, model: str, method: str, seed: int, data_path: str, rows: int, run_dir: str) -> dict:
+    """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from the config.
+
+    ``data_path`` is the run's prepared prompts (``prepare_openrlhf_data``), ``rows`` their number.
+    """
+    from calibrl.train.openrlhf.data import LABEL_KEY, PROMPT_KEY
+
     spec = grid["models"][model]
     m = G.method({"grid": grid}, method)
-    if m.filter_easiest > 0:
-        raise NotImplementedError(
-            "the filtering baseline (grid.methods.*.filter_easiest) is not wired for trainer openrlhf yet: it needs "
-            "the training set ranked by the initial policy's success rate before training"
-        )
     res = dict(spec.get("resources", {}))
     nodes = int(res.pop("nodes", 1))
     run = Path(run_dir)
@@ -295,8 +344,11 @@ def openrlhf_run(grid: dict, model: str, method: str, seed: int, train_path: str
         "seed": seed,
         "train": grid["train"],
         "data": {
-            "train": str(train_path),
-            "prompt_template": grid["prompt_template"],
+            "train": str(data_path),
+            "train_size": int(rows),
+            "input_key": PROMPT_KEY,  # the template is already rendered into this field
+            "label_key": LABEL_KEY,
+            "prompt_template": "{problem}",
             "chat_template": bool(grid.get("chat_template")),
             "filtered_easiest": m.filter_easiest,
         },
@@ -309,20 +361,76 @@ def openrlhf_run(grid: dict, model: str, method: str, seed: int, train_path: str
     }
 
 
-def openrlhf_train_job(grid: dict, model: str, method: str, seed: int, train_path: str, run_dir: str) -> None:
+def prepare_openrlhf_data(
+    grid: dict, method: str, train_path: str, out_path: str | Path, success_path: str | None = None
+) -> int:
+    """The run's training prompts for OpenRLHF (rendered template; the filtering baseline's queries removed
+    by their success rates from ``rank_job``); returns the number of rows."""
+    import json
+
+    from calibrl import filtering
+    from calibrl.train.openrlhf.data import write_prompts
+
+    m = G.method({"grid": grid}, method)
+    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    keep = None
+    if m.filter_easiest > 0:
+        if not success_path:
+            raise ValueError(f"method {method!r} filters (filter_easiest > 0) but no success rates were given")
+        by_id = json.loads(Path(success_path).read_text())["rates"]
+        missing = [r["id"] for r in records if r["id"] not in by_id]
+        if missing:
+            raise ValueError(f"{success_path}: no success rate for {len(missing)} training ids, e.g. {missing[:3]}")
+        rates = [by_id[r["id"]] for r in records]
+        keep = filtering.keep_indices(rates, m.filter_easiest)
+        log.info("filtering baseline: %s", filtering.summary(rates, keep))
+    return write_prompts(records, grid["prompt_template"], out_path, keep)
+
+
+def openrlhf_train_job(
+    grid: dict, model: str, method: str, seed: int, train_path: str, run_dir: str, success_path: str | None = None
+) -> None:
     """Launch OpenRLHF for one run (inside a Ray cluster spanning the SLURM allocation when it has several
     nodes); the launcher writes the per-checkpoint markers and resumes from the last checkpoint."""
     import subprocess
 
     from calibrl.train.openrlhf.command import build_command
 
-    run = openrlhf_run(grid, model, method, seed, train_path, run_dir)
+    data_path = Path(run_dir) / "train_prompts.jsonl"
+    rows = prepare_openrlhf_data(grid, method, train_path, data_path, success_path)
+    run = openrlhf_run(grid, model, method, seed, str(data_path), rows, run_dir)
     argv = build_command(run)
     if int(grid["models"][model].get("resources", {}).get("nodes", 1)) > 1:
         argv = ["bash", str(Path(__file__).parent / "train" / "openrlhf" / "ray_cluster.sh"), *argv]
     log.info("launching: %s", " ".join(argv))
     subprocess.run(argv, check=True)
     tensorboard_metrics(run["paths"]["log_dir"], Path(run_dir) / "metrics.jsonl")
+
+
+def rank_job(grid: dict, model: str, train_path: str, out_path: str) -> None:
+    """Success rate of every training query under the initial model (``filter_samples`` samples each, the
+    training sampling settings), with vLLM: the ranking the filtering baseline drops the easiest share of."""
+    from calibrl.evaluate_vllm import generate_and_grade, queue, sampling_kwargs, tokenizer_for
+    from calibrl.tasks import Scorer
+
+    tr = grid["train"]
+    policy = grid["models"][model]["hf_id"]
+    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    items = queue({"train": records}, grid["prompt_template"], tokenizer_for(policy, bool(grid.get("chat_template"))))
+    n = int(tr["filter_samples"])
+    with Scorer(workers=grid.get("workers", 1)) as scorer:
+        _, grades = generate_and_grade(
+            policy,
+            items,
+            scorer.grades,
+            sampling_kwargs(n, tr["temperature"], tr["top_p"], tr["max_new_tokens"]),
+            grid["seed"],
+            int(grid["eval"].get("tensor_parallel_size", 1)),
+            int(tr["max_prompt_len"]) + int(tr["max_new_tokens"]),
+            what="training prompts ranked",
+        )
+    rates = {it.record["id"]: sum(g.correct for g in group) / n for it, group in zip(items, grades)}
+    write_json(out_path, {"model": policy, "samples": n, "rates": rates})
 
 
 def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
@@ -362,5 +470,7 @@ def _evaluate_vllm(grid: dict, policy_dir: str, split_paths: dict[str, str], out
             grid["prompt_template"],
             bool(grid.get("chat_template")),
             grid["seed"],
+            tensor_parallel_size=int(ev.get("tensor_parallel_size", 1)),
+            max_prompt_len=int(grid["train"]["max_prompt_len"]),
         )
     write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})

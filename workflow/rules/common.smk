@@ -46,13 +46,17 @@ def run_dir(wildcards):
 
 
 def train_inputs(wildcards):
-    """The policy's warm start, the training data, and the memory's warm start when the method uses DLC."""
+    """The training data; the policy's warm start and, for DLC, the memory's (tiny models); at paper scale,
+    the success rates the filtering baseline ranks its queries by."""
     inputs = {"train": res("data/train.jsonl")}
+    method = G.method(config, wildcards.method)
     if LOCAL:  # tiny models are warm-started here; Hub models are the paper's starting points
         inputs["init"] = res(f"models/{wildcards.model}/init.json")
-        if G.method(config, wildcards.method).dlc_mu > 0:
+        if method.dlc_mu > 0:
             memory = GRID["models"][wildcards.model]["memory"]
             inputs["memory"] = res(f"models/{memory}/init.json")
+    elif method.filter_easiest > 0:  # the CPU trainer ranks its own queries at step 0
+        inputs["success"] = res(f"models/{wildcards.model}/train_success.json")
     return inputs
 
 

@@ -1,19 +1,45 @@
-# Evaluation: one job per checkpoint, n samples per problem on every evaluation split, graded.
+# Evaluation: n samples per problem on every evaluation split, graded, one result file per checkpoint.
+# CPU evaluator: one job per run evaluates all of its checkpoints (they appear together when the training
+# job ends), so the 5-10 s of per-job start-up (torch, transformers, grading workers) is paid once per run,
+# not once per checkpoint; each checkpoint's result is the same as when it is evaluated alone.
+# vLLM evaluator (paper scale): one job per checkpoint, as each needs its own GPU allocation.
 
+if GRID["evaluator"] == "local":
 
-rule evaluate:
-    input:
-        marker=res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done"),
-        splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
-    output:
-        res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
-    params:
-        grid=GRID,
-        split_names=GRID["data"]["eval_splits"],
-    log:
-        res("logs/evaluate/{model}/{method}/s{seed}/step_{step}.log"),
-    threads: 1
-    conda:
-        "../../envs/local.yaml"
-    script:
-        "../../scripts/evaluate.py"
+    rule evaluate:
+        input:
+            markers=expand(res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS),
+            splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
+        output:
+            expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS),
+        params:
+            grid=GRID,
+            split_names=GRID["data"]["eval_splits"],
+            steps=EVAL_STEPS,
+        log:
+            res("logs/evaluate/{model}/{method}/s{seed}.log"),
+        threads: 1
+        conda:
+            "../../envs/local.yaml"
+        script:
+            "../../scripts/evaluate.py"
+
+else:
+
+    rule evaluate:
+        input:
+            markers=res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done"),
+            splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
+        output:
+            res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
+        params:
+            grid=GRID,
+            split_names=GRID["data"]["eval_splits"],
+            steps=lambda wildcards: [int(wildcards.step)],
+        log:
+            res("logs/evaluate/{model}/{method}/s{seed}/step_{step}.log"),
+        threads: 1
+        conda:
+            "../../envs/cluster-eval.yaml"
+        script:
+            "../../scripts/evaluate.py"

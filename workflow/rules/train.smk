@@ -35,6 +35,24 @@ rule train:
         res("logs/train/{model}/{method}/s{seed}.log"),
     threads: 1
     conda:
-        "../../envs/local.yaml"
+        "../../envs/local.yaml" if LOCAL else "../../envs/cluster-train.yaml"
     script:
         "../../scripts/train.py"
+
+
+# Paper scale, filtering baseline (Table 5): every training query's success rate under the initial model,
+# sampled with vLLM once per model and shared by the seeds that drop the easiest share.
+rule rank_train:
+    input:
+        train=res("data/train.jsonl"),
+    output:
+        res("models/{model}/train_success.json"),
+    params:
+        grid=GRID,
+    log:
+        res("logs/rank_train/{model}.log"),
+    threads: 1
+    conda:
+        "../../envs/cluster-eval.yaml"
+    script:
+        "../../scripts/rank_train.py"

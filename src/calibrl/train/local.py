@@ -30,10 +30,11 @@ from pathlib import Path
 
 import torch
 
+from calibrl import filtering
 from calibrl.advantages import compute_advantages
 from calibrl.dlc import memory_loss
 from calibrl.grid import Method
-from calibrl.io import atomic_path, write_json
+from calibrl.io import atomic_path, write_json, write_marker
 from calibrl.logs import Progress
 from calibrl.models import load, save
 from calibrl.sampling import Rollout, position_ids_from_mask, sample
@@ -214,15 +215,8 @@ class Trainer:
             ok = torch.tensor([c for c, _ in graded], dtype=torch.float32).view(len(chunk), n)
             rates += ok.mean(-1).tolist()
         self.policy.train()
-        order = sorted(range(len(rates)), key=lambda i: (-rates[i], i))
-        dropped = set(order[: int(round(frac * len(rates)))])
-        self.pool = [i for i in range(len(self.records)) if i not in dropped]
-        kept = [rates[i] for i in self.pool]
-        return {
-            "filter_dropped": len(dropped),
-            "filter_kept_mean_success": sum(kept) / max(len(kept), 1),
-            "filter_all_mean_success": sum(rates) / max(len(rates), 1),
-        }
+        self.pool = filtering.keep_indices(rates, frac)
+        return filtering.summary(rates, self.pool)
 
     # -------------------------------------------------------------------------------- one step
     def _rollout(self, prompts: list[dict]) -> Batch:
@@ -414,10 +408,7 @@ class Trainer:
         }
         with atomic_path(step_dir / "trainer_state.pt") as tmp:
             torch.save(state, tmp)
-        write_json(
-            self.ckpt_dir / f"step_{self.step}.done",
-            {"step": self.step, "policy": str((step_dir / "policy").resolve())},
-        )
+        write_marker(self.ckpt_dir / f"step_{self.step}.done", self.step, step_dir / "policy")
         return step_dir
 
     def latest_checkpoint(self) -> int | None:
@@ -455,10 +446,7 @@ class Trainer:
             self.resume(start)
             log.info("resumed from checkpoint step %d", start)
             for done in range(self.s.eval_every, start + 1, self.s.eval_every):  # Snakemake may have removed them
-                write_json(
-                    self.ckpt_dir / f"step_{done}.done",
-                    {"step": done, "policy": str((self.ckpt_dir / f"step_{done}" / "policy").resolve())},
-                )
+                write_marker(self.ckpt_dir / f"step_{done}.done", done, self.ckpt_dir / f"step_{done}" / "policy")
         # The metrics file is rebuilt from the checkpoint's own record: a rerun never duplicates lines, and
         # it does not matter whether Snakemake removed the file of the failed attempt.
         with atomic_path(metrics_path) as tmp:

@@ -80,7 +80,7 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
     the marker matches the local trainer's (``{"step": k, "policy": <HF directory>}``). Idempotent: run it
     after training and on every (re)start. Returns the steps that have a marker now.
     """
-    from calibrl.io import write_json  # pandas: not imported by the workers that import this module
+    from calibrl.io import write_marker  # pandas: not imported by the workers that import this module
 
     if eval_every < 1 or steps < 1:
         raise ValueError(f"eval_every and steps must be >= 1, got {eval_every}, {steps}")
@@ -88,7 +88,7 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
     done = []
     for step in range(eval_every, steps + 1, eval_every):
         if step in found:
-            write_json(Path(marker_dir) / f"step_{step}.done", {"step": step, "policy": str(found[step].resolve())})
+            write_marker(Path(marker_dir) / f"step_{step}.done", step, found[step])
             done.append(step)
     return done
 

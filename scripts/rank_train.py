@@ -1,0 +1,8 @@
+"""Snakemake script of rule rank_train (calibrl.pipeline.rank_job). Guarded: grading workers re-import __main__."""
+
+from calibrl.logs import setup
+from calibrl.pipeline import rank_job
+
+if __name__ == "__main__":
+    setup(snakemake.log[0])
+    rank_job(snakemake.params.grid, snakemake.wildcards.model, snakemake.input.train, snakemake.output[0])
