@@ -5,12 +5,14 @@ a micro config through sbatch with slurm/config.yaml layered with tests/slurm_ov
 cpu, no GPUs), and a two-rule Snakefile checks that failed jobs are resubmitted as the profile says.
 """
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,65 @@ def test_failed_jobs_are_resubmitted_per_profile(local_slurm, tmp_path):
     assert set(submitted_jobs(output)) == set(job_ids)
     assert (tmp_path / "flaky.done").exists()  # keep-going: broken did not stop flaky
     assert output.count("Trying to restart job") == 3
+
+
+# ------------------------------------------------------------------------------- preemption/resume
+def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, slurm_workflow):
+    """A run is extended (more steps); while its training job runs it is suspended and cancelled, as a
+    preemption does. The profile resubmits it, it resumes from its last checkpoint, and no checkpoint is
+    evaluated twice: the evaluations made before (one job per checkpoint) are kept as they are."""
+    wd = slurm_workflow
+    cfg = micro_config(wd)
+    cfg["grid"]["eval"]["per_checkpoint"] = True  # one evaluate job per checkpoint, as the vLLM evaluator
+    cfg["grid"]["train"].update(steps=4, eval_every=2)
+    write_config(wd / "short.yaml", cfg)
+    run_dir = wd / "results" / "runs" / "qwen3-tiny-m" / "grpo" / "s0"
+    evals = [str((run_dir / "eval" / f"step_{k}.json").relative_to(wd)) for k in range(2, 13, 2)]
+    first = snakemake_slurm(wd, *evals[:2], "--configfile", "short.yaml", timeout=480)  # the run, not the toy
+    assert first.returncode == 0, f"{first.stdout[-4000:]}\n{first.stderr[-8000:]}"
+    kept = {k: (run_dir / "eval" / f"step_{k}.json").stat().st_mtime_ns for k in (2, 4)}
+
+    cfg["grid"]["train"].update(steps=12)  # checkpoints 6, 8, 10, 12 are new
+    write_config(wd / "long.yaml", cfg)
+    proc = subprocess.Popen(
+        [*SNAKEMAKE, *PROFILE, *evals, "--configfile", "long.yaml"],
+        cwd=wd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        marker = run_dir / "ckpt" / "step_6.done"
+        deadline = time.monotonic() + 300
+        while not marker.exists():  # the resumed job has passed its first new checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, "training never reached step 6"
+            time.sleep(0.05)
+        queue = run(["squeue", "-h", "-o", "%i %k"]).stdout.split("\n")
+        job_id = next(line.split()[0] for line in queue if "rule_train" in line)
+        run(["scontrol", "suspend", job_id])  # freeze it mid-run, then take the allocation away
+        run(["scancel", job_id])
+        out, _ = proc.communicate(timeout=480)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-6000:]
+    assert "Trying to restart job" in out, out[-4000:]
+
+    # Both training attempts resumed: the first from step 4 (the earlier run), the retry from the checkpoint
+    # the cancelled attempt left (6 or later, never from scratch and never past the end).
+    logs = sorted((wd / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"), key=lambda p: int(p.stem))
+    resumed = [re.findall(r"resumed from checkpoint step (\d+)", p.read_text()) for p in logs]
+    assert resumed[0] == [] and resumed[1] == ["4"], resumed  # logs: first run, extended run, its retry
+    assert len(resumed) == 3 and 6 <= int(resumed[2][0]) < 12, resumed
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13)), steps
+
+    # Every checkpoint evaluated exactly once over both runs; the old results untouched.
+    evaluated = sorted(
+        int(m)
+        for log in (wd / ".snakemake" / "slurm_logs" / "rule_evaluate").glob("**/*.log")
+        for m in re.findall(r"^\s*wildcards: .*step=(\d+)", log.read_text(), re.M)[:1]
+    )
+    assert evaluated == [2, 4, 6, 8, 10, 12], evaluated
+    assert {k: (run_dir / "eval" / f"step_{k}.json").stat().st_mtime_ns for k in (2, 4)} == kept

@@ -2,13 +2,18 @@
 # CPU evaluator: one job per run evaluates all of its checkpoints (they appear together when the training
 # job ends), so the 5-10 s of per-job start-up (torch, transformers, grading workers) is paid once per run,
 # not once per checkpoint; each checkpoint's result is the same as when it is evaluated alone.
-# vLLM evaluator (paper scale): one job per checkpoint, as each needs its own GPU allocation.
+# vLLM evaluator (paper scale), or grid.eval.per_checkpoint: one job per checkpoint, as each needs its own
+# GPU allocation; a run extended or resumed later then only evaluates its new checkpoints.
+# Markers are ancient(): a checkpoint never changes once written (training resumes from it and never
+# rewrites it), so a training job that reruns and rewrites its markers does not re-evaluate old checkpoints.
 
-if GRID["evaluator"] == "local":
+if GRID["evaluator"] == "local" and not GRID["eval"].get("per_checkpoint", False):
 
     rule evaluate:
         input:
-            markers=expand(res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS),
+            markers=ancient(
+                expand(res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS)
+            ),
             splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
         output:
             expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS),
@@ -28,7 +33,7 @@ else:
 
     rule evaluate:
         input:
-            markers=res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done"),
+            markers=ancient(res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done")),
             splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
         output:
             res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
@@ -40,6 +45,6 @@ else:
             res("logs/evaluate/{model}/{method}/s{seed}/step_{step}.log"),
         threads: 1
         conda:
-            "../../envs/cluster-eval.yaml"
+            "../../envs/local.yaml" if GRID["evaluator"] == "local" else "../../envs/cluster-eval.yaml"
         script:
             "../../scripts/evaluate.py"
