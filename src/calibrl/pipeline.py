@@ -6,6 +6,7 @@ same job can be run by hand or from a test.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -88,8 +89,6 @@ def train_job(
     """Train one (model, method, seed) run to ``grid.train.steps``, resuming from its last checkpoint.
 
     ``success_path``: at paper scale, the filtering baseline's success rates (``rank_job``)."""
-    import json
-
     from calibrl.tasks import Scorer
     from calibrl.train.local import Trainer
 
@@ -118,8 +117,6 @@ def train_job(
 def evaluate_job(
     grid: dict, marker: str, split_paths: dict[str, str], out_path: str, step: int, threads: int = 1
 ) -> None:
-    import json
-
     from calibrl.evaluate import evaluate_policy
     from calibrl.models import load
     from calibrl.tasks import Scorer
@@ -366,8 +363,6 @@ def prepare_openrlhf_data(
 ) -> int:
     """The run's training prompts for OpenRLHF (rendered template; the filtering baseline's queries removed
     by their success rates from ``rank_job``); returns the number of rows."""
-    import json
-
     from calibrl import filtering
     from calibrl.train.openrlhf.data import write_prompts
 
@@ -447,7 +442,7 @@ def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
             name = tag.split("/")[-1]
             for ev in acc.Scalars(tag):
                 rows.setdefault(int(ev.step), {"step": int(ev.step)})[name] = float(ev.value)
-    write_text(out_path, "".join(__import__("json").dumps(rows[k]) + "\n" for k in sorted(rows)))
+    write_text(out_path, "".join(json.dumps(rows[k]) + "\n" for k in sorted(rows)))
 
 
 def _evaluate_vllm(grid: dict, policy_dir: str, split_paths: dict[str, str], out_path: str, step: int) -> None:
