@@ -10,5 +10,5 @@ if __name__ == "__main__":
     splits = dict(zip(snakemake.params.split_names, snakemake.input.splits))
     markers = snakemake.input.markers
     markers = [markers] if isinstance(markers, str) else list(markers)
-    for marker, out, step in zip(markers, snakemake.output, snakemake.params.steps, strict=True):
-        evaluate_job(snakemake.params.grid, marker, splits, out, int(step), snakemake.threads)
+    steps = [int(step) for step in snakemake.params.steps]
+    evaluate_job(snakemake.params.grid, markers, splits, list(snakemake.output), steps, snakemake.threads)

@@ -115,34 +115,49 @@ def train_job(
 
 
 def evaluate_job(
-    grid: dict, marker: str, split_paths: dict[str, str], out_path: str, step: int, threads: int = 1
+    grid: dict,
+    markers: list[str],
+    split_paths: dict[str, str],
+    out_paths: list[str],
+    steps: list[int],
+    threads: int = 1,
 ) -> None:
+    """Evaluate each checkpoint (``markers[i]`` -> ``out_paths[i]``, step ``steps[i]``).
+
+    The splits are read once and one set of grading workers serves every checkpoint; each result is the
+    one the checkpoint gets when evaluated alone (sampling is seeded per checkpoint)."""
     from calibrl.evaluate import evaluate_policy
     from calibrl.models import load
     from calibrl.tasks import Scorer
 
+    if not len(markers) == len(out_paths) == len(steps):
+        raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
     _threads(threads)
-    policy_dir = json.loads(Path(marker).read_text())["policy"]
+    policy_dirs = [json.loads(Path(marker).read_text())["policy"] for marker in markers]
     if grid["evaluator"] == "vllm":
-        return _evaluate_vllm(grid, policy_dir, split_paths, out_path, step)
-    policy, tokenizer = load(policy_dir)
+        for policy_dir, out_path, step in zip(policy_dirs, out_paths, steps):
+            _evaluate_vllm(grid, policy_dir, split_paths, out_path, step)
+        return
     splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
     ev = grid["eval"]
     with Scorer(workers=grid.get("workers", 1)) as scorer:
-        results = evaluate_policy(
-            policy,
-            tokenizer,
-            splits,
-            scorer.grades,
-            ev["n"],
-            ev["k"],
-            ev["temperature"],
-            ev["top_p"],
-            ev["max_new_tokens"],
-            grid["prompt_template"],
-            seed=grid["seed"],
-        )
-    write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})
+        for policy_dir, out_path, step in zip(policy_dirs, out_paths, steps):
+            log.info("checkpoint step %d: %s", step, policy_dir)
+            policy, tokenizer = load(policy_dir)
+            results = evaluate_policy(
+                policy,
+                tokenizer,
+                splits,
+                scorer.grades,
+                ev["n"],
+                ev["k"],
+                ev["temperature"],
+                ev["top_p"],
+                ev["max_new_tokens"],
+                grid["prompt_template"],
+                seed=grid["seed"],
+            )
+            write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})
 
 
 def aggregate_job(
