@@ -253,3 +253,36 @@ def test_grade_objects_are_what_split_metrics_reads():
         "timeouts": 1,
         "response_length": 4.5,
     }
+
+
+def test_evaluate_job_with_the_vllm_evaluator(tmp_path, monkeypatch):
+    """The evaluate rule's job at paper scale: one engine per checkpoint, the paper's template and chat
+    template, results in the layout the aggregation reads."""
+    from calibrl.data.records import write_jsonl
+    from calibrl.models import build_model, build_tokenizer, save
+
+    tok = build_tokenizer()
+    tok.chat_template = CHATML
+    save(build_model(tok, hidden_size=32, num_layers=1, max_position_embeddings=512), tok, tmp_path / "ckpt")
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "vllm", _standin_vllm(calls))
+    grid = copy.deepcopy(PAPER["grid"])
+    grid["eval"].update(n=4, k=4, max_new_tokens=6, tensor_parallel_size=1)
+    grid["train"]["max_prompt_len"] = 400
+    splits = {}
+    for name, rows in (("gsm8k", _benchmark("gsm8k_test", 2)), ("math500", _benchmark("math500", 2))):
+        splits[name] = str(tmp_path / f"{name}.jsonl")
+        write_jsonl(splits[name], rows)
+    markers, outs = [], []
+    for step in (50, 100):
+        markers.append(str(tmp_path / f"step_{step}.done"))
+        Path(markers[-1]).write_text(json.dumps({"step": step, "policy": str(tmp_path / "ckpt")}))
+        outs.append(str(tmp_path / "eval" / f"step_{step}.json"))
+    pipeline.evaluate_job(grid, markers, splits, outs, [50, 100])
+    assert sum(c[0] == "engine" for c in calls) == 2
+    prompts = [p for c in calls if c[0] == "generate" for p in c[1]]
+    assert len(prompts) == 8 and all("within \\boxed{}.<|im_end|>" in p for p in prompts), prompts[0]
+    for step, out in zip((50, 100), outs):
+        result = json.loads(Path(out).read_text())
+        assert result["step"] == step and set(result["splits"]) == {"gsm8k", "math500"}
+        assert result["splits"]["gsm8k"]["n_samples"] == 4 and "pass_at_4" in result["splits"]["math500"]

@@ -126,38 +126,42 @@ def evaluate_job(
 
     The splits are read once and one set of grading workers serves every checkpoint; each result is the
     one the checkpoint gets when evaluated alone (sampling is seeded per checkpoint)."""
-    from calibrl.evaluate import evaluate_policy
-    from calibrl.models import load
     from calibrl.tasks import Scorer
 
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
     _threads(threads)
-    policy_dirs = [json.loads(Path(marker).read_text())["policy"] for marker in markers]
-    if grid["evaluator"] == "vllm":
-        for policy_dir, out_path, step in zip(policy_dirs, out_paths, steps):
-            _evaluate_vllm(grid, policy_dir, split_paths, out_path, step)
-        return
     splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
-    ev = grid["eval"]
     with Scorer(workers=grid.get("workers", 1)) as scorer:
-        for policy_dir, out_path, step in zip(policy_dirs, out_paths, steps):
+        for marker, out_path, step in zip(markers, out_paths, steps):
+            policy_dir = json.loads(Path(marker).read_text())["policy"]
             log.info("checkpoint step %d: %s", step, policy_dir)
-            policy, tokenizer = load(policy_dir)
-            results = evaluate_policy(
-                policy,
-                tokenizer,
-                splits,
-                scorer.grades,
-                ev["n"],
-                ev["k"],
-                ev["temperature"],
-                ev["top_p"],
-                ev["max_new_tokens"],
-                grid["prompt_template"],
-                seed=grid["seed"],
-            )
+            results = _evaluate_checkpoint(grid, policy_dir, splits, scorer.grades)
             write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})
+
+
+def _evaluate_checkpoint(grid: dict, policy_dir: str, splits: dict[str, list[dict]], grade) -> dict:
+    """One checkpoint on every split: the CPU sampler, or (paper scale) every split in one vLLM engine."""
+    ev = grid["eval"]
+    sampling = (ev["n"], ev["k"], ev["temperature"], ev["top_p"], ev["max_new_tokens"], grid["prompt_template"])
+    if grid["evaluator"] == "vllm":
+        from calibrl.evaluate_vllm import evaluate_checkpoint
+
+        return evaluate_checkpoint(
+            policy_dir,
+            splits,
+            grade,
+            *sampling,
+            bool(grid.get("chat_template")),
+            grid["seed"],
+            tensor_parallel_size=int(ev.get("tensor_parallel_size", 1)),
+            max_prompt_len=int(grid["train"]["max_prompt_len"]),
+        )
+    from calibrl.evaluate import evaluate_policy
+    from calibrl.models import load
+
+    policy, tokenizer = load(policy_dir)
+    return evaluate_policy(policy, tokenizer, splits, grade, *sampling, seed=grid["seed"])
 
 
 def aggregate_job(
@@ -458,29 +462,3 @@ def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
             for ev in acc.Scalars(tag):
                 rows.setdefault(int(ev.step), {"step": int(ev.step)})[name] = float(ev.value)
     write_text(out_path, "".join(json.dumps(rows[k]) + "\n" for k in sorted(rows)))
-
-
-def _evaluate_vllm(grid: dict, policy_dir: str, split_paths: dict[str, str], out_path: str, step: int) -> None:
-    """All benchmarks of one checkpoint in one vLLM engine, graded by math-verify in worker processes."""
-    from calibrl.evaluate_vllm import evaluate_checkpoint
-    from calibrl.tasks import Scorer
-
-    splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
-    ev = grid["eval"]
-    with Scorer(workers=grid.get("workers", 1)) as scorer:
-        results = evaluate_checkpoint(
-            policy_dir,
-            splits,
-            scorer.grades,
-            ev["n"],
-            ev["k"],
-            ev["temperature"],
-            ev["top_p"],
-            ev["max_new_tokens"],
-            grid["prompt_template"],
-            bool(grid.get("chat_template")),
-            grid["seed"],
-            tensor_parallel_size=int(ev.get("tensor_parallel_size", 1)),
-            max_prompt_len=int(grid["train"]["max_prompt_len"]),
-        )
-    write_json(out_path, {"step": step, "policy": policy_dir, "splits": results})
