@@ -117,7 +117,14 @@ def generate_and_grade(
 
     params = vllm.SamplingParams(**sampling)
     llm = vllm.LLM(**engine_kwargs(policy_dir, seed, tensor_parallel_size, max_model_len))
-    progress = Progress(what, len(items), log, every=30.0)
+    progress = Progress(f"{what} generated", len(items), log, every=30.0)
+    graded = Progress(f"{what} graded", len(items), log, every=30.0)  # updated by the grading thread only
+
+    def grade_chunk(chunk: Sequence[Item], outs: list[list[tuple[str, int]]]) -> list[list]:
+        result = collect_grades(chunk, outs, grade, sampling["n"])
+        graded.update(len(chunk))
+        return result
+
     outputs: list[list[tuple[str, int]]] = []
     pending = []
     with ThreadPoolExecutor(1) as grading:  # grade chunk i while the GPU generates chunk i + 1
@@ -126,7 +133,7 @@ def generate_and_grade(
             results = llm.generate([it.prompt for it in chunk], params, use_tqdm=False)
             outs = [[(o.text, len(o.token_ids)) for o in req.outputs] for req in results]
             outputs += outs
-            pending.append(grading.submit(collect_grades, chunk, outs, grade, sampling["n"]))
+            pending.append(grading.submit(grade_chunk, chunk, outs))
             progress.update(len(chunk), note=chunk[-1].split)
         grades = [g for fut in pending for g in fut.result()]
     return outputs, grades

@@ -199,6 +199,7 @@ class Trainer:
         frac, n = self.method.filter_easiest, self.s.filter_samples
         rates = []
         self.policy.eval()
+        progress = Progress("filtering: training queries ranked", len(self.records), log, every=10.0)
         for i in range(0, len(self.records), 64):
             chunk = self.records[i : i + 64]
             roll = sample(
@@ -214,6 +215,7 @@ class Trainer:
             graded = self.score(roll.texts, [r for r in chunk for _ in range(n)])
             ok = torch.tensor([c for c, _ in graded], dtype=torch.float32).view(len(chunk), n)
             rates += ok.mean(-1).tolist()
+            progress.update(len(chunk))
         self.policy.train()
         self.pool = filtering.keep_indices(rates, frac)
         return filtering.summary(rates, self.pool)
