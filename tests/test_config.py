@@ -35,7 +35,7 @@ def test_bad_config_fails_at_once_naming_the_key(workflow_dir, path, value, expe
     proc = snakemake(workflow_dir, "-n", "--configfile", str(bad), check=False)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
-    assert "Error validating config file" in out and expected in out, out[-2000:]
+    assert "invalid config" in out and ".".join(path) in out and expected in out, out[-2000:]
 
 
 def test_shipped_config_plans(workflow_dir):

@@ -69,38 +69,51 @@ def eval_steps(config: dict) -> list[int]:
     return list(range(train["eval_every"], train["steps"] + 1, train["eval_every"]))
 
 
-def check(config: dict) -> None:
-    """Cross-key checks a JSON schema cannot express; each error names the key."""
+def problems(config: dict) -> list[tuple[str, str]]:
+    """Cross-key checks a JSON schema cannot express, as (dotted key, what is wrong); [] when all hold.
+
+    Run after the schema (``calibrl.config.validate``), so the keys it reads exist with the right types."""
     grid = config["grid"]
-    train = grid["train"]
+    out: list[tuple[str, str]] = []
+    train, ev = grid["train"], grid["eval"]
     if train["steps"] % train["eval_every"]:
-        raise ValueError(
-            f"grid.train.eval_every ({train['eval_every']}) must divide grid.train.steps ({train['steps']})"
-        )
+        what = f"{train['eval_every']} does not divide grid.train.steps ({train['steps']})"
+        out.append(("grid.train.eval_every", what))
+    if ev["k"] > ev["n"]:
+        out.append(("grid.eval.k", f"{ev['k']} is more than the samples per problem, grid.eval.n ({ev['n']})"))
     if grid["main_model"] not in grid["models"]:
-        raise ValueError(f"grid.main_model {grid['main_model']!r} is not one of grid.models {list(grid['models'])}")
+        out.append(("grid.main_model", f"{grid['main_model']!r} is not one of grid.models {list(grid['models'])}"))
+    memory = grid["models"].get(grid["main_model"], {}).get("memory")
     for table in TABLES:
         for name in grid["tables"][table]:
-            m = method(config, name)
-            if m.dlc_mu > 0 and not grid["models"][grid["main_model"]].get("memory"):
-                raise ValueError(f"grid.methods.{name} uses DLC (dlc_mu > 0) but grid.models has no memory model")
+            if name not in grid["methods"]:
+                out.append((f"grid.tables.{table}", f"method {name!r} is not defined under grid.methods"))
+            elif grid["methods"][name].get("dlc_mu", 0) > 0 and not memory:
+                what = f"DLC needs a memory model, and grid.models.{grid['main_model']}.memory is not set"
+                out.append((f"grid.methods.{name}.dlc_mu", what))
     for name in grid.get("extra_seeds", {}):
-        method(config, name)
+        if name not in grid["methods"]:
+            out.append((f"grid.extra_seeds.{name}", f"method {name!r} is not defined under grid.methods"))
     data = grid["data"]
     if data["source"] == "countdown" and not data.get("splits"):
-        raise ValueError("grid.data.splits is required when grid.data.source is countdown")
+        out.append(("grid.data.splits", "required when grid.data.source is countdown"))
     if data["source"] == "hub" and not data.get("train"):
-        raise ValueError("grid.data.train (the Hub training set) is required when grid.data.source is hub")
+        out.append(("grid.data.train", "the Hub training set is required when grid.data.source is hub"))
     if data["source"] == "countdown" and grid["trainer"] != "local":
-        raise ValueError("grid.data.source countdown goes with grid.trainer local (tiny models)")
+        out.append(("grid.data.source", "countdown goes with grid.trainer local (tiny models)"))
+    for split in data["eval_splits"]:
+        if data["source"] == "countdown" and split not in data.get("splits", {}):
+            out.append(("grid.data.eval_splits", f"{split!r} is not one of grid.data.splits"))
     if grid["trainer"] == "local" and "warmstart" not in grid:
-        raise ValueError("grid.warmstart is required when grid.trainer is local (tiny models are warm-started)")
+        out.append(("grid.warmstart", "required when grid.trainer is local (tiny models are warm-started)"))
     all_models = {**grid["models"], **grid.get("memory_models", {})}
     for name, spec in all_models.items():
+        kind = "models" if name in grid["models"] else "memory_models"
         if grid["trainer"] == "local" and "hf_id" in spec:
-            raise ValueError(f"grid.models.{name}: trainer local builds tiny models; give an architecture, not hf_id")
+            out.append((f"grid.{kind}.{name}", "trainer local builds tiny models: give an architecture, not hf_id"))
         if grid["trainer"] == "openrlhf" and "hf_id" not in spec:
-            raise ValueError(f"grid.models.{name}: trainer openrlhf needs hf_id (a Hugging Face model)")
+            out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
     for name, spec in grid["models"].items():
         if spec.get("memory") and spec["memory"] not in grid.get("memory_models", {}):
-            raise ValueError(f"grid.models.{name}.memory {spec['memory']!r} is not one of grid.memory_models")
+            out.append((f"grid.models.{name}.memory", f"{spec['memory']!r} is not one of grid.memory_models"))
+    return out

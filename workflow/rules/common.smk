@@ -1,11 +1,17 @@
 # Validation of the config and the helpers every rule file uses.
 
 import re
+from pathlib import Path
 
 from snakemake.utils import validate
 
+from calibrl.config import validate as validate_config
 
-validate(config, schema="../schemas/config.schema.yaml")
+SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+# Every problem at once, each named by its key and the rules that read it (calibrl.config), before any job;
+# then Snakemake's own pass over the same schema, which fills in its defaults.
+validate_config(config, SCHEMA)
+validate(config, schema=str(SCHEMA))
 
 RESULTS = config["results"]
 TOY_FIGURES = ["fig1", "fig2", "fig3", "fig4", "fig5"]
@@ -23,7 +29,6 @@ def res(path):
 # ---- the RLVR grid: which runs the tables need (logic in calibrl.grid) ----
 from calibrl import grid as G
 
-G.check(config)
 GRID = config["grid"]
 RUNS = G.runs(config)
 EVAL_STEPS = G.eval_steps(config)
