@@ -23,7 +23,7 @@ from calibrl.data import benchmarks as bm
 from calibrl.data import hub
 from calibrl.data.benchmarks import BENCHMARKS, last_boxed_answer, last_boxed_only_string, remove_boxed
 from calibrl.data.hub import DataUnavailable, download, read_rows, select_data_files
-from calibrl.data.records import read_jsonl
+from calibrl.data.records import DataError, read_jsonl
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 BENCH = SHARED / "benchmarks"
@@ -493,3 +493,24 @@ def test_math_verify_grades_gold_against_itself(key):
             failures.append((r["id"], r["answer"], grade))
     print(f"{key}: math-verify accepts {len(sample) - len(failures)}/{len(sample)} sampled gold answers")
     assert not failures, failures[:5]
+
+
+def test_unparseable_gold_answers_fail_or_are_dropped(tmp_path):
+    """A gold answer math-verify cannot parse could never be graded: the download names each one (file,
+    line, id) and fails by default; with on_error skip it drops and counts them."""
+    up, gold = upstream_gsm8k()
+    up = up[:40]
+    for i in (3, 17):
+        up[i] = {**up[i], "answer": up[i]["answer"].rsplit("####", 1)[0] + "#### $$"}
+    src = tmp_path / "gsm8k-test.parquet"
+    pq.write_table(pa.Table.from_pylist(up), src)
+    out = tmp_path / "gsm8k.jsonl"
+    with pytest.raises(DataError) as err:
+        download("gsm8k", out, tmp_path / "m.json", local_files=str(src))
+    msg = str(err.value)
+    assert "2 gold answers math-verify cannot parse" in msg and "grid.data.on_error is fail" in msg
+    assert f"{out}:4 (id gsm8k-00003)" in msg and f"{out}:18 (id gsm8k-00017)" in msg
+    assert not out.exists()
+    manifest = download("gsm8k", out, tmp_path / "m.json", local_files=str(src), on_error="skip")
+    assert manifest["dropped"] == {"unparseable_gold": 2} and manifest["rows_written"] == 38
+    assert [r["answer"] for r in read_jsonl(out)] == [g for i, g in enumerate(gold[:40]) if i not in (3, 17)]

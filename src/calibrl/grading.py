@@ -31,7 +31,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Grade", "Grader", "avg_at_k", "extract_answer", "grade_one", "pass_at_k", "summarize"]
+__all__ = ["Grade", "Grader", "avg_at_k", "extract_answer", "gold_check", "grade_one", "pass_at_k", "summarize"]
 
 _ERROR_CHARS = 300  # error messages are truncated: math-verify puts the whole input into some of them
 
@@ -151,6 +151,22 @@ def _parse_gold(gold: str, secs: int | None) -> tuple[Any, ...]:
 
 class _OverBudget(Exception):
     """The per-item time budget (3 x timeout) would be exceeded by the next math-verify call."""
+
+
+def gold_check(response: str, gold: str, timeout: float = 5.0) -> Grade:
+    """A :class:`Grader` ``check`` that tests the gold answer alone (``response`` is ignored): ``correct``
+    when math-verify parses it to something, as :func:`grade_one` requires before it can grade anything."""
+    from math_verify.errors import TimeoutException
+
+    try:
+        secs = _seconds(timeout) if threading.current_thread() is threading.main_thread() else None
+        if _parse_gold(str(gold), secs):
+            return Grade(True, None)
+        return Grade(False, None, error="gold answer did not parse")
+    except TimeoutException:
+        return Grade(False, None, timed_out=True)
+    except Exception as exc:
+        return Grade(False, None, error=_error_text(exc))
 
 
 def grade_one(response: str, gold: str, timeout: float = 5.0) -> Grade:

@@ -329,6 +329,7 @@ def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> N
         manifest_path,
         revision=data.get("revisions", {}).get(key),
         local_files=data.get("local_files", {}).get(key),
+        on_error=data["on_error"],
     )
     log.info(
         "%s: %s rows from %s@%s",

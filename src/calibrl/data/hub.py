@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from calibrl.data.benchmarks import BenchmarkSpec, get_spec
+from calibrl.data.benchmarks import BenchmarkSpec, Normalised, get_spec
 from calibrl.data.records import DataError, write_jsonl
 
 log = logging.getLogger(__name__)
@@ -401,6 +401,26 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _drop_unparseable_golds(key: str, records: Normalised, out_path: Path, on_error: str) -> Normalised:
+    """Records whose gold answer math-verify cannot parse (it could never grade them), checked in grading
+    worker processes (a pathological gold cannot hang the job); fail or drop them as ``on_error`` says."""
+    from calibrl.grading import Grader, gold_check
+
+    with Grader(workers=2, check=gold_check) as grader:
+        grades = grader.grade([("", str(r["answer"])) for r in records])
+    bad = [i for i, g in enumerate(grades) if not g.correct]
+    if not bad:
+        return records
+    where = [f"{out_path}:{i + 1} (id {records[i]['id']}): gold answer {records[i]['answer']!r:.80}" for i in bad]
+    summary = f"{key}: {len(bad)} gold answers math-verify cannot parse (grid.data.on_error is {on_error})"
+    if on_error == "fail":
+        raise DataError(summary + ":\n  " + "\n  ".join(where[:20]))
+    log.warning("%s; dropped:\n  %s", summary, "\n  ".join(where[:20]))
+    kept = set(range(len(records))) - set(bad)
+    dropped = {**records.dropped, "unparseable_gold": len(bad)}
+    return Normalised([r for i, r in enumerate(records) if i in kept], dropped, records.n_raw)
+
+
 def download(
     key: str,
     out_path: str | Path,
@@ -408,6 +428,8 @@ def download(
     revision: str | None = None,
     cache_dir: str | None = None,
     local_files: str | None = None,
+    on_error: str = "fail",
+    check_golds: bool = True,
 ) -> dict:
     """Fetch ``key``'s split (see :data:`calibrl.data.benchmarks.BENCHMARKS`), write it as records to
     ``out_path`` and a manifest to ``manifest_path`` (both atomically); return the manifest.
@@ -416,7 +438,9 @@ def download(
     commit sha it resolved to. ``cache_dir`` is the Hugging Face cache (default ``HF_HUB_CACHE``).
     ``local_files`` (a data file or a directory) skips the Hub. Raises :class:`DataUnavailable` when
     the Hub cannot be reached (or ``HF_HUB_OFFLINE=1``) and no cached copy exists, and
-    :class:`~calibrl.data.records.DataError` when the files are there but unusable.
+    :class:`~calibrl.data.records.DataError` when the files are there but unusable. Gold answers that
+    math-verify cannot parse (``check_golds``) fail the download or, with ``on_error="skip"``, are dropped
+    and counted in the manifest as ``unparseable_gold``.
     """
     spec = get_spec(key)
     out_path, manifest_path = Path(out_path), Path(manifest_path)
@@ -449,6 +473,8 @@ def download(
         file_info.append({"name": name, "sha256": _sha256(path), "rows": len(file_rows)})
         rows += file_rows
     records = spec.normalise(rows)
+    if check_golds:
+        records = _drop_unparseable_golds(key, records, out_path, on_error)
     if not records:
         raise DataError(f"{key}: no usable rows in {', '.join(files)} (dropped: {records.dropped})")
     n_written = write_jsonl(out_path, records)
