@@ -11,6 +11,7 @@ if GRID["data"]["source"] == "countdown":
             data=GRID["data"],
         log:
             res("logs/data/synthetic.log"),
+        priority: 30  # everything but the toy waits for it
         conda:
             "../../envs/local.yaml"
         script:

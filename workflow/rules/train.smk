@@ -14,6 +14,7 @@ rule warmstart:
     log:
         res("logs/warmstart/{model}.log"),
     threads: 1
+    priority: 20  # the head of the longest chain (warm start -> training -> evaluation): start it first
     conda:
         "../../envs/local.yaml"
     script:
@@ -34,6 +35,7 @@ rule train:
     log:
         res("logs/train/{model}/{method}/s{seed}.log"),
     threads: 1
+    priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
     conda:
         "../../envs/local.yaml" if LOCAL else "../../envs/cluster-train.yaml"
     script:
