@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -56,12 +57,14 @@ def load_train_metrics(paths: list[str | Path], root: str | Path) -> pd.DataFram
 
 
 # ------------------------------------------------------------------------------------------- tables
-def peak_table(evals: pd.DataFrame, metric: str, seed: int) -> pd.DataFrame:
-    """(model, method) x split peak values of ``metric`` in percent, plus the peak of the average."""
+def peak_table(evals: pd.DataFrame, metric: str, seed: int, splits: Sequence[str] = ()) -> pd.DataFrame:
+    """(model, method) x split peak values of ``metric`` in percent, plus the peak of the average.
+
+    Columns follow ``splits`` (the config's eval_splits), then any other split in the files' order."""
     sub = evals[(evals["metric"] == metric) & (evals["seed"] == seed)]
     per_ckpt = sub.pivot_table(index=["model", "method", "step"], columns="split", values="value")
-    # Columns in the order the evaluation files list them (the config's eval_splits), not alphabetical.
-    per_ckpt = per_ckpt[list(dict.fromkeys(s for s in sub["split"] if s in per_ckpt.columns))]
+    order = [s for s in splits if s in per_ckpt.columns] + list(dict.fromkeys(sub["split"]))
+    per_ckpt = per_ckpt[[s for s in dict.fromkeys(order) if s in per_ckpt.columns]]
     per_ckpt["Avg."] = per_ckpt.mean(axis=1)
     return (per_ckpt.groupby(level=["model", "method"]).max() * 100).round(2)
 
@@ -111,18 +114,20 @@ def _ordered(frame: pd.DataFrame, models: list[str], methods: list[str]) -> pd.D
 
 def build_tables(evals: pd.DataFrame, grid: dict) -> dict[str, pd.DataFrame]:
     seed, main, tables = grid["seed"], grid["main_model"], grid["tables"]
+    splits = grid["data"]["eval_splits"]
     out = {}
     avg, pas = metrics(grid)
     for metric, name in ((avg, "table2"), (pas, "table3")):
-        out[name] = _ordered(peak_table(evals, metric, seed), list(grid["models"]), tables["table2_3"])
+        peaks = peak_table(evals, metric, seed, splits)
+        out[name] = _ordered(peaks, list(grid["models"]), tables["table2_3"])
     t4 = []
     for metric, label in metrics(grid).items():
-        peaks = peak_table(evals, metric, seed).loc[main]
+        peaks = peak_table(evals, metric, seed, splits).loc[main]
         t4.append(peaks.loc[[m for m in tables["table4"] if m in peaks.index]].assign(metric=label))
     out["table4"] = pd.concat(t4).reset_index().set_index(["metric", "method"])
     t5 = []
     for metric, label in metrics(grid).items():
-        peaks = peak_table(evals, metric, seed).loc[main]
+        peaks = peak_table(evals, metric, seed, splits).loc[main]
         cols = [m for m in tables["table5"] if m in peaks.index]
         t5.append(peaks.loc[cols].T.assign(metric=label).reset_index().rename(columns={"split": "dataset"}))
     out["table5"] = pd.concat(t5).set_index(["metric", "dataset"])
