@@ -33,7 +33,20 @@ RULES = {
     "grid.tables": "train (which runs exist), aggregate",
     "grid.extra_seeds": "train",
     "grid.workers": "train, evaluate",
+    "grid.train.filter_samples": "train (filtering baseline), rank_train (its paper-scale ranking)",
 }
+
+
+def _is_integer(checker, instance) -> bool:
+    # JSON Schema counts 25.0 as an integer; these values end up in range() and in file names (s1.0).
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12 with "integer" meaning an int written without a decimal point.
+Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
 
 
 class ConfigError(ValueError):
@@ -82,7 +95,7 @@ def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]
 
 def problems(config: dict, schema: dict) -> list[tuple[str, str]]:
     """Every problem of ``config``: the schema's first, then (if there are none) the cross-key checks."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = Validator(schema)
     found: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
         found += _schema_problems(error)

@@ -53,7 +53,7 @@ def warmstart_job(grid: dict, model: str, train_path: str, model_dir: str, info_
     from calibrl.train.warmstart import warmstart
 
     _threads(threads)
-    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
     ws = grid["warmstart"]
     info = warmstart(
         records,
@@ -96,7 +96,7 @@ def train_job(
         return openrlhf_train_job(grid, model, method, seed, train_path, run_dir, success_path)
     _threads(threads)
     m = G.method({"grid": grid}, method)
-    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
     init_dir = json.loads(Path(init_info).read_text())["path"]
     memory_dir = json.loads(Path(memory_info).read_text())["path"] if memory_info else None
     with Scorer(workers=grid.get("workers", 1)) as scorer:
@@ -131,7 +131,8 @@ def evaluate_job(
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
     _threads(threads)
-    splits = {name: read_jsonl(path, on_error=grid["data"]["on_error"]) for name, path in split_paths.items()}
+    on_error = grid["data"].get("on_error", "fail")
+    splits = {name: read_jsonl(path, on_error=on_error) for name, path in split_paths.items()}
     with Scorer(workers=grid.get("workers", 1)) as scorer:
         for marker, out_path, step in zip(markers, out_paths, steps):
             policy_dir = json.loads(Path(marker).read_text())["policy"]
@@ -329,7 +330,7 @@ def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> N
         manifest_path,
         revision=data.get("revisions", {}).get(key),
         local_files=data.get("local_files", {}).get(key),
-        on_error=data["on_error"],
+        on_error=data.get("on_error", "fail"),
     )
     log.info(
         "%s: %s rows from %s@%s",
@@ -387,7 +388,7 @@ def prepare_openrlhf_data(
     from calibrl.train.openrlhf.data import write_prompts
 
     m = G.method({"grid": grid}, method)
-    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
     keep = None
     if m.filter_easiest > 0:
         if not success_path:
@@ -430,7 +431,7 @@ def rank_job(grid: dict, model: str, train_path: str, out_path: str) -> None:
 
     tr = grid["train"]
     policy = grid["models"][model]["hf_id"]
-    records = read_jsonl(train_path, on_error=grid["data"]["on_error"])
+    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
     items = queue({"train": records}, grid["prompt_template"], tokenizer_for(policy, bool(grid.get("chat_template"))))
     n = int(tr["filter_samples"])
     with Scorer(workers=grid.get("workers", 1)) as scorer:
