@@ -38,12 +38,25 @@ BAD_ROWS = {
     "not_an_object": (b'["c", "p", "1", "s"]', "JSON object"),
     "missing_key": (b'{"id": "c", "problem": "p", "source": "s"}', "missing required key 'answer'"),
     "empty_key": (b'{"id": "c", "problem": "  ", "answer": "1", "source": "s"}', "'problem' is empty"),
+    "empty_answer": (b'{"id": "c", "problem": "p", "answer": "", "source": "s"}', "'answer' is empty"),
+    "blank_answer": (b'{"id": "c", "problem": "p", "answer": " \\t ", "source": "s"}', "'answer' is empty"),
+    "null_answer": (b'{"id": "c", "problem": "p", "answer": null, "source": "s"}', "'answer' must be a string"),
     "wrong_type": (b'{"id": 3, "problem": "p", "answer": "1", "source": "s"}', "'id' must be a string"),
     "bad_verifier": (
         b'{"id": "c", "problem": "p", "answer": "1", "source": "s", "verifier": [1]}',
         "'verifier' must be an object",
     ),
     "duplicate_id": (_line(GOOD[0]).rstrip(b"\n"), "duplicate id 'a' (first on line 1)"),
+}
+
+
+# the skip reason of the BAD_ROWS whose name is not their reason
+REASON = {
+    "nan": "invalid_json",
+    "bad_verifier": "wrong_type",
+    "empty_answer": "empty_key",
+    "blank_answer": "empty_key",
+    "null_answer": "wrong_type",
 }
 
 
@@ -99,6 +112,8 @@ def test_fail_mode_names_file_line_and_problem(tmp_path, kind):
     message = str(info.value)
     assert message.startswith(f"{path}:2: "), message
     assert needle in message, message
+    reason = REASON.get(kind, kind)
+    assert f"{path}: 1 bad row(s) ({reason}=1); on_error is fail" in message, message
 
 
 @pytest.mark.parametrize("kind", sorted(BAD_ROWS))
@@ -108,9 +123,9 @@ def test_skip_mode_drops_and_counts(tmp_path, kind, caplog):
     with caplog.at_level(logging.WARNING, logger="calibrl.data.records"):
         got = read_jsonl(path, on_error="skip")
     assert got == GOOD
-    reason = {"nan": "invalid_json", "bad_verifier": "wrong_type"}.get(kind, kind)
+    reason = REASON.get(kind, kind)
     assert got.skipped == {reason: 1}
-    assert str(path) in caplog.text and f"{reason}=1" in caplog.text
+    assert f"{path}: skipped 1 bad row(s): {reason}=1" in caplog.text and f"{path}:2: " in caplog.text
 
 
 def test_skip_mode_counts_several_reasons(tmp_path):
@@ -131,8 +146,83 @@ def test_skip_mode_counts_several_reasons(tmp_path):
     assert got == GOOD  # blank lines are ignored, the first of duplicate ids is kept
     assert got.skipped == {"duplicate_id": 2, "empty_key": 1, "invalid_json": 1, "invalid_utf8": 1}
     assert got.n_skipped == 5
-    with pytest.raises(DataError, match=r"mixed\.jsonl:2: invalid JSON"):
+    with pytest.raises(DataError, match=r"mixed\.jsonl:2: invalid JSON") as info:
         read_jsonl(path)
+    message = str(info.value)  # fail mode reads on: every bad row is counted and named by its line
+    assert "5 bad row(s) (duplicate_id=2, empty_key=1, invalid_json=1, invalid_utf8=1)" in message, message
+    for lineno, needle in [
+        (2, "invalid JSON"),
+        (3, "UTF-8"),
+        (4, "duplicate id 'a'"),
+        (5, "duplicate id 'a'"),
+        (8, "'answer' is empty"),
+    ]:
+        assert f"{path}:{lineno}: " in message and needle in message.split(f"{path}:{lineno}: ")[1], message
+
+
+def test_the_listing_stops_at_twenty_rows_but_the_count_does_not(tmp_path, caplog):
+    path = tmp_path / "many.jsonl"
+    path.write_bytes(_line(GOOD[0]) + b"{oops}\n" * 25 + _line(GOOD[1]))
+    with pytest.raises(DataError) as info:
+        read_jsonl(path)
+    message = str(info.value)
+    assert "25 bad row(s) (invalid_json=25)" in message and "... and 5 more" in message
+    assert f"{path}:21: " in message and f"{path}:22: " not in message
+    with caplog.at_level(logging.WARNING, logger="calibrl.data.records"):
+        assert read_jsonl(path, on_error="skip") == GOOD
+    assert "skipped 25 bad row(s): invalid_json=25" in caplog.text and "... and 5 more" in caplog.text
+
+
+# Gold answers math-verify cannot parse (found with calibrl.grading.gold_check): no response could be graded.
+UNPARSEABLE_GOLDS = ["$$", "\\boxed{}", "\\text{}", "\\"]
+
+
+@pytest.mark.parametrize("gold", UNPARSEABLE_GOLDS)
+def test_unparseable_gold_answers_fail_or_are_skipped(tmp_path, gold, caplog):
+    row = {"id": "c", "problem": "p", "answer": gold, "source": "s"}
+    path = _file(tmp_path, _line(row).rstrip(b"\n"))
+    assert read_jsonl(path) == [GOOD[0], row, GOOD[1]]  # not checked unless asked
+    with pytest.raises(DataError) as info:
+        read_jsonl(path, check_golds=True)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: gold answer {gold!r} does not parse with math-verify"), message
+    assert "1 bad row(s) (unparseable_gold=1)" in message
+    with caplog.at_level(logging.WARNING, logger="calibrl.data.records"):
+        got = read_jsonl(path, on_error="skip", check_golds=True)
+    assert got == GOOD and got.skipped == {"unparseable_gold": 1}
+    assert "unparseable_gold=1" in caplog.text and f"{path}:2: gold answer" in caplog.text
+
+
+def test_parseable_golds_pass_the_check(tmp_path):
+    golds = ["15", "-3", "\\frac{1}{2}", "2\\sqrt{3}", "(1, 2)", "x^2 + 1", "\\text{(B)}", "10\\%", "\\infty"]
+    rows = [{"id": str(i), "problem": "p", "answer": g, "source": "s"} for i, g in enumerate(golds)]
+    path = tmp_path / "golds.jsonl"
+    write_jsonl(path, rows)
+    assert read_jsonl(path, check_golds=True) == rows
+
+
+def test_every_kind_of_bad_row_at_once_with_golds_checked(tmp_path):
+    """The four kinds of issue 6 -- missing or empty answers, duplicate ids, bytes that are not UTF-8, gold
+    answers that do not parse -- in one file: fail names the first and counts all; skip keeps the good rows."""
+    path = tmp_path / "all.jsonl"
+    path.write_bytes(
+        _line(GOOD[0])
+        + b'{"id": "m", "problem": "p", "source": "s"}\n'
+        + b'{"id": "e", "problem": "p", "answer": "", "source": "s"}\n'
+        + _line(GOOD[0])
+        + b'{"id": "u", "problem": "\xff", "answer": "1", "source": "s"}\n'
+        + _line({"id": "g", "problem": "p", "answer": "$$", "source": "s"})
+        + _line(GOOD[1])
+    )
+    with pytest.raises(DataError) as info:
+        read_jsonl(path, check_golds=True)
+    message = str(info.value)
+    assert message.startswith(f"{path}:2: missing required key 'answer'"), message
+    counts = "duplicate_id=1, empty_key=1, invalid_utf8=1, missing_key=1, unparseable_gold=1"
+    assert f"5 bad row(s) ({counts})" in message
+    assert all(f"{path}:{n}: " in message for n in range(2, 7))
+    got = read_jsonl(path, on_error="skip", check_golds=True)
+    assert got == GOOD and got.n_skipped == 5
 
 
 def test_line_numbers_count_blank_lines_and_crlf(tmp_path):

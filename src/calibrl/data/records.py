@@ -11,9 +11,11 @@ Optional: ``verifier`` (an object with task-specific data for the grader). Other
 
 Blank (whitespace-only) lines are ignored. A bad row -- bytes that are not UTF-8, invalid JSON, a
 value that is not an object, a missing, empty or non-string required key, a ``verifier`` that is not
-an object, or an ``id`` seen earlier in the file -- either aborts the read with a :class:`DataError`
-naming the file, the 1-based line number and the problem (``on_error="fail"``), or is dropped and
-counted per reason (``on_error="skip"``); the counts are logged and kept on ``Records.skipped``.
+an object, an ``id`` seen earlier in the file, or (``check_golds=True``) a gold answer math-verify cannot
+parse -- either fails the read (``on_error="fail"``, the workflow's default ``grid.data.on_error``) with a
+:class:`DataError` that names the file, the 1-based line and the problem of the first bad row, the number
+of bad rows per reason and the file:line of each (up to 20), or is dropped and counted per reason
+(``on_error="skip"``); the counts are logged and kept on ``Records.skipped``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ MISSING_KEY = "missing_key"
 EMPTY_KEY = "empty_key"
 WRONG_TYPE = "wrong_type"
 DUPLICATE_ID = "duplicate_id"
+UNPARSEABLE_GOLD = "unparseable_gold"
+
+MAX_LISTED = 20  # bad rows listed one by one in a DataError
 
 
 class DataError(ValueError):
@@ -111,18 +116,35 @@ def _parse_line(raw: bytes, lineno: int) -> tuple[str, str] | dict | None:
     return problem if problem is not None else obj
 
 
-def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail") -> Records:
+def gold_problem(answer: str, timeout: float = 5.0) -> str | None:
+    """Why math-verify cannot parse the gold ``answer`` (so no response could ever be graded against it), or
+    None when it parses; the same parse as :func:`calibrl.grading.grade_one`'s."""
+    from calibrl.grading import gold_check
+
+    grade = gold_check("", answer, timeout)
+    if grade.correct:
+        return None
+    why = "timed out" if grade.timed_out else grade.error
+    detail = f" ({why})" if why and why != "gold answer did not parse" else ""
+    return f"gold answer {answer!r:.80} does not parse with math-verify{detail}"
+
+
+def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail", check_golds: bool = False) -> Records:
     """Read and validate a JSONL file of records.
 
-    ``on_error="fail"`` raises :class:`DataError` (``"<file>:<line>: <problem>"``) on the first bad
-    row; ``"skip"`` drops bad rows, logs a warning with the count per reason and records the counts
-    on the returned :class:`Records` (``.skipped``). With duplicate ids the first row is kept.
+    ``on_error="fail"`` raises :class:`DataError` if any row is bad; the message starts with the first
+    (``"<file>:<line>: <problem>"``), then counts the bad rows per reason and lists each one's file:line and
+    problem (the first 20). ``"skip"`` drops bad rows, logs a warning with the count per reason and records
+    the counts on the returned :class:`Records` (``.skipped``). With duplicate ids the first row is kept.
+    ``check_golds`` also parses every gold answer with math-verify (:func:`gold_problem`; slow on large files,
+    and downloads already check this), a row whose gold does not parse being a bad row (``unparseable_gold``).
     """
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     path = Path(path)
     rows: list[dict] = []
     skipped: Counter[str] = Counter()
+    bad: list[str] = []  # "<file>:<line>: <problem>" of each bad row
     first_line: dict[str, int] = {}
     with open(path, "rb") as fh:  # binary: lines end at b"\n" only, and bad bytes stay on their line
         for lineno, raw in enumerate(fh, start=1):
@@ -131,22 +153,28 @@ def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail") -> 
                 continue
             if isinstance(parsed, dict):
                 rid = parsed["id"]
-                if rid not in first_line:
+                why = None if rid in first_line or not check_golds else gold_problem(parsed["answer"])
+                if rid in first_line:
+                    parsed = DUPLICATE_ID, f"duplicate id {rid!r} (first on line {first_line[rid]})"
+                elif why is not None:
+                    parsed = UNPARSEABLE_GOLD, why
+                else:
                     first_line[rid] = lineno
                     rows.append(parsed)
                     continue
-                parsed = DUPLICATE_ID, f"duplicate id {rid!r} (first on line {first_line[rid]})"
             reason, message = parsed
-            if on_error == "fail":
-                raise DataError(f"{path}:{lineno}: {message}")
             skipped[reason] += 1
-    if skipped:
-        log.warning(
-            "%s: skipped %d bad row(s): %s",
-            path,
-            sum(skipped.values()),
-            ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items())),
-        )
+            if len(bad) < MAX_LISTED:
+                bad.append(f"{path}:{lineno}: {message}")
+    if not skipped:
+        return Records(rows, path=path)
+    n_bad = sum(skipped.values())
+    counts = ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items()))
+    listed = "\n  ".join(bad) + (f"\n  ... and {n_bad - len(bad)} more" if n_bad > len(bad) else "")
+    if on_error == "fail":
+        what = f"{n_bad} bad row(s) ({counts}); on_error is fail (grid.data.on_error: skip drops them)"
+        raise DataError(f"{bad[0]}\n{path}: {what}:\n  {listed}")
+    log.warning("%s: skipped %d bad row(s): %s\n  %s", path, n_bad, counts, listed)
     return Records(rows, skipped=dict(sorted(skipped.items())), path=path)
 
 
