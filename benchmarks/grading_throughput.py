@@ -161,7 +161,8 @@ def main() -> int:
     )
     print(
         f"Grader({args.workers} workers, cache): {t_grader:.2f} s ({len(items) / t_grader:.0f} items/s) incl. worker "
-        f"start-up; cache hits {stats['cache_hits']}, timed out {stats['timeouts']} (each stopped at its "
+        f"start-up; cache hits {stats['cache_hits']}, integer pairs graded without sympy "
+        f"{stats['integer_pairs']}, timed out {stats['timeouts']} (each stopped at its "
         f"{args.timeout:g} s timeout), errors {stats['errors']}"
     )
     print(f"verdict agreement with the baseline: {agree:.1%}")

@@ -156,7 +156,8 @@ def test_grader_cache_and_stats(grader):
     assert grader.stats["cache_hits"] - before["cache_hits"] == 2
     grader.grade(pairs)
     assert grader.stats["cache_hits"] - before["cache_hits"] == 6
-    assert set(grader.stats) == {"items", "cache_hits", "timeouts", "errors"}
+    assert grader.stats["integer_pairs"] - before["integer_pairs"] == 2  # 4321/4321 and 13/4321
+    assert set(grader.stats) == {"items", "cache_hits", "integer_pairs", "timeouts", "errors"}
 
 
 def test_grader_kills_hung_worker_and_recovers():
@@ -173,7 +174,7 @@ def test_grader_kills_hung_worker_and_recovers():
 
 def test_grader_recovers_from_a_dead_worker():
     with Grader(workers=2, timeout=1.0) as g:
-        assert g.grade([(r"\boxed{1}", "1")])[0].correct
+        assert g.grade([(r"\boxed{\frac{1}{2}}", "0.5")])[0].correct  # starts the workers (not an integer pair)
         pids = list(g._pool._processes)  # the workers this test's Grader started
 
         def kill_workers():
@@ -204,12 +205,57 @@ def test_grader_with_torch_in_parent():
 
 def test_grader_in_process_and_bounded_cache():
     with Grader(workers=0, timeout=1.0, cache_size=2) as g:
-        grades = g.grade([(r"\boxed{\frac{1}{2}}", "0.5"), ("The answer is 2", "3"), ("no answer", "3")])
+        grades = g.grade([(r"\boxed{\frac{1}{2}}", "0.5"), ("The answer is 2/3", "3"), ("no answer", "3")])
         assert [x.correct for x in grades] == [True, False, False]
-        assert [x.extracted for x in grades] == [r"\frac{1}{2}", "2", None]
+        assert [x.extracted for x in grades] == [r"\frac{1}{2}", "2/3", None]
         assert g.stats["items"] == 3 and len(g._cache) == 2
-        assert g.grade([("The answer is 2", "3")] * 2)[0].extracted == "2"
+        assert g.grade([("The answer is 2/3", "3")] * 2)[0].extracted == "2/3"
         assert g.stats["cache_hits"] == 2
+
+
+_DIGITS = st.text("0123456789", min_size=1, max_size=30)
+_INTEGER = st.builds(lambda sign, digits: sign + digits, st.sampled_from(["", "-"]), _DIGITS)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.one_of(
+        st.tuples(_INTEGER, _INTEGER),
+        _INTEGER.map(lambda x: (x, x)),
+        _INTEGER.map(lambda x: (x, "0" + x.lstrip("-"))),  # leading zeros
+        st.integers(-(10**25), 10**25).map(lambda n: (str(n), str(n + 1))),  # beyond float precision
+    )
+)
+def test_integer_pairs_graded_as_math_verify_does(pair):
+    """The sympy-free path for two integers gives math-verify's own verdict."""
+    import math_verify
+
+    from calibrl.grading import _integer_grade
+
+    gold, pred = pair
+    expected = bool(math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(f"${pred}$")))
+    fast = _integer_grade(f" {pred} ", gold)
+    assert fast is not None and fast.correct == expected
+    assert grade_one(rf"so \boxed{{{pred}}}", gold).correct == expected
+
+
+def test_integer_path_only_takes_plain_integers():
+    from calibrl.grading import _integer_grade
+
+    for pred, gold in [
+        ("4 321", "4321"),
+        ("1,000", "1000"),
+        ("2.0", "2"),
+        ("\\frac{4}{2}", "2"),
+        ("٣", "3"),
+        ("2", "$2$"),
+        ("1" * 101, "1" * 101),
+        (None, "2"),
+    ]:
+        assert _integer_grade(pred, gold) is None, (pred, gold)
+    with Grader(workers=0, timeout=1.0) as g:  # those go through math-verify
+        assert [x.correct for x in g.grade([(r"\boxed{2.0}", "2"), (r"\boxed{4 321}", "4321")])] == [True, False]
+        assert g.stats["integer_pairs"] == 0
 
 
 # -- metrics -----------------------------------------------------------------------------------------

@@ -143,10 +143,32 @@ def _parse(text: str, secs: int | None) -> list[Any]:
     return math_verify.parse(text, parsing_timeout=secs, raise_on_error=True)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=8192)
+def _parse_cached(text: str, secs: int | None) -> tuple[Any, ...]:
+    """Parses cached per process: a gold answer repeats for every sample of its problem, and the same
+    final answer ("2", "\\frac{1}{2}") for many problems; a correct answer written as the gold is reuses
+    the gold's parse. (Timeouts and errors raise, so they are never cached.)"""
+    return tuple(_parse(text, secs))
+
+
 def _parse_gold(gold: str, secs: int | None) -> tuple[Any, ...]:
-    """Gold answers repeat for every sample of a problem, so their parse is cached per process."""
-    return tuple(_parse(_gold_text(gold), secs))
+    return _parse_cached(_gold_text(gold), secs)
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,100}")
+
+
+def _integer_grade(extracted: str | None, gold: str) -> Grade | None:
+    """The grade without sympy when the extracted answer and the gold are both plain integers (GSM8K, AIME
+    and most of MATH): math-verify's verdict on two integers is their equality (leading zeros and -0
+    included; tests/test_grading.py checks it against math-verify), so the parse and the verify that cost
+    milliseconds are skipped. None for anything else."""
+    if extracted is None:
+        return None
+    pred, gold = extracted.strip(), gold.strip()
+    if _INTEGER.fullmatch(pred) and _INTEGER.fullmatch(gold):
+        return Grade(int(pred) == int(gold), extracted)
+    return None
 
 
 class _OverBudget(Exception):
@@ -182,6 +204,8 @@ def grade_one(response: str, gold: str, timeout: float = 5.0) -> Grade:
         if not isinstance(response, str) or not isinstance(gold, str):
             raise TypeError("response and gold must be str")
         extracted = extract_answer(response)
+        if (fast := _integer_grade(extracted, gold)) is not None:
+            return fast
         secs: int | None = _seconds(timeout)
         if threading.current_thread() is not threading.main_thread():
             secs = None
@@ -198,7 +222,7 @@ def grade_one(response: str, gold: str, timeout: float = 5.0) -> Grade:
         pred_parsed: list[Any] = []
         for text in _pred_texts(extracted) if extracted is not None else [response]:
             check()
-            pred_parsed = _parse(text, secs)
+            pred_parsed = list(_parse_cached(text, secs))
             if pred_parsed:
                 break
         verdict, error = _verify(gold_parsed, pred_parsed, secs, check)
@@ -304,8 +328,9 @@ class Grader:
     """Grades (response, gold) pairs in a process pool, with a cache and hang/crash recovery.
 
     ``workers=0`` grades in-process (for debugging: no protection against hangs in C code).
-    ``stats`` counts items returned, cache hits, timed-out items (including killed or crashed workers)
-    and other errored items. The cache keeps at most ``cache_size`` grades (oldest dropped first).
+    ``stats`` counts items returned, cache hits, pairs of two integers graded without sympy, timed-out
+    items (including killed or crashed workers) and other errored items. The cache keeps at most
+    ``cache_size`` grades (oldest dropped first).
     """
 
     def __init__(
@@ -332,7 +357,7 @@ class Grader:
         self.memory_limit_mb = memory_limit_mb
         # A worker is declared hung when one item has run for 3 x timeout plus this much slack.
         self.hang_after = 3 * self.timeout + grace
-        self.stats: dict[str, int] = {"items": 0, "cache_hits": 0, "timeouts": 0, "errors": 0}
+        self.stats: dict[str, int] = {"items": 0, "cache_hits": 0, "integer_pairs": 0, "timeouts": 0, "errors": 0}
         self.cache_size = cache_size
         self._cache: dict[bytes, Grade] = {}
         self._pool: ProcessPoolExecutor | None = None
@@ -414,6 +439,9 @@ class Grader:
             elif (hit := self._cache.get(key)) is not None:
                 known[key] = hit
                 self.stats["cache_hits"] += 1
+            elif self.check is None and (fast := _integer_grade(ans, gold)) is not None:
+                known[key] = self._cache[key] = fast  # no worker round trip for two integers
+                self.stats["integer_pairs"] += 1
             else:
                 todo[key] = (response, gold)
 
@@ -423,8 +451,8 @@ class Grader:
                     grade = replace(grade, extracted=None)  # each item gets its own extracted text back
                 known[key] = grade
                 self._cache[key] = grade
-            while len(self._cache) > self.cache_size:  # drop the oldest entries
-                del self._cache[next(iter(self._cache))]
+        while len(self._cache) > self.cache_size:  # drop the oldest entries
+            del self._cache[next(iter(self._cache))]
 
         out = []
         for key, ans in zip(keys, extracted):
