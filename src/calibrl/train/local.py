@@ -352,7 +352,7 @@ class Trainer:
         self.memory_opt.zero_grad(set_to_none=True)
         loss.backward()
         self.memory_opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
