@@ -167,3 +167,22 @@ def test_interrupted_aggregation_leaves_complete_files_or_none(tmp_path):
         cmd = job_script("aggregate", args(res))
         left.append(kill_and_rerun(cmd, res / "out", reference, seconds, rng, rerun=last))
     assert max(left) > 0
+
+
+def test_remove_temporaries_takes_only_what_killed_writes_leave(tmp_path):
+    from calibrl.io import atomic_path, remove_temporaries
+
+    step = tmp_path / "ckpt" / "step_2"
+    (step / ".policy.abc123.tmp" / "sub").mkdir(parents=True)  # models.save's folder, killed mid-write
+    (step / ".policy.abc123.tmp" / "sub" / ".x.tmp").write_text("inside a removed folder")
+    (step / ".policy.def456.old" / "policy").mkdir(parents=True)  # its moved-aside previous checkpoint
+    (step / ".trainer_state.pt.q1w2.tmp").write_bytes(b"PK half")  # atomic_path's file
+    keep = [step / "policy" / "model.safetensors", step / "trainer_state.pt", tmp_path / ".hidden", tmp_path / "a.tmp"]
+    for p in keep:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("complete")
+    assert remove_temporaries(tmp_path) == 3
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(keep)
+    assert remove_temporaries(tmp_path) == 0
+    with atomic_path(tmp_path / "out.txt") as tmp:  # what atomic_path leaves on a kill is what it matches
+        assert tmp.name.startswith(".out.txt.") and tmp.name.endswith(".tmp")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,27 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def remove_temporaries(folder: str | Path) -> int:
+    """Delete what killed writes left below ``folder``: the hidden ``.<name>.<random>.tmp`` files and folders
+    of :func:`atomic_path` and ``calibrl.models.save`` and the ``.old`` folders of the latter. No reader
+    trusts them, but a checkpoint-sized one per kill adds up. Only for a folder whose single writer is
+    starting (a training job's run folder). Returns how many were removed."""
+    found = sorted(
+        (p for p in Path(folder).rglob(".*") if p.name.endswith((".tmp", ".old"))),
+        key=lambda p: len(p.parts),  # parents first, so nothing inside a removed folder is visited
+    )
+    removed: list[Path] = []
+    for p in found:
+        if any(r in p.parents for r in removed):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return len(removed)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -34,7 +34,7 @@ from calibrl import filtering
 from calibrl.advantages import compute_advantages
 from calibrl.dlc import memory_loss
 from calibrl.grid import Method
-from calibrl.io import atomic_path, write_json, write_marker
+from calibrl.io import atomic_path, remove_temporaries, write_json, write_marker
 from calibrl.logs import Progress
 from calibrl.models import load, save
 from calibrl.sampling import Rollout, position_ids_from_mask, sample
@@ -442,6 +442,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------- run
     def run(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        if removed := remove_temporaries(self.out):
+            log.info("removed %d temporaries that killed writes of an earlier attempt left", removed)
         metrics_path = self.out / "metrics.jsonl"
         start = self.latest_checkpoint()
         if start is not None:
