@@ -31,7 +31,17 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Grade", "Grader", "avg_at_k", "extract_answer", "gold_check", "grade_one", "pass_at_k", "summarize"]
+__all__ = [
+    "Grade",
+    "Grader",
+    "avg_at_k",
+    "extract_answer",
+    "gold_check",
+    "gold_problems",
+    "grade_one",
+    "pass_at_k",
+    "summarize",
+]
 
 _ERROR_CHARS = 300  # error messages are truncated: math-verify puts the whole input into some of them
 
@@ -578,6 +588,22 @@ class Grader:
                 if payload is not None:
                     results[chunks[token][pos]] = payload
         return seen
+
+
+def gold_problems(golds: Sequence[str], workers: int = 2, timeout: float = 5.0) -> dict[int, str]:
+    """Index -> what is wrong, for each gold answer math-verify cannot parse (no response could ever be graded
+    against it). Checked in :class:`Grader` worker processes, so a pathological gold cannot hang the caller."""
+    if not golds:
+        return {}
+    with Grader(workers=workers, timeout=timeout, check=gold_check) as grader:
+        grades = grader.grade([("", str(g)) for g in golds])
+    out = {}
+    for i, (gold, grade) in enumerate(zip(golds, grades)):
+        if not grade.correct:
+            why = "timed out" if grade.timed_out else grade.error
+            detail = f" ({why})" if why and why != "gold answer did not parse" else ""
+            out[i] = f"gold answer {str(gold)!r:.80} does not parse with math-verify{detail}"
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -113,16 +113,14 @@ def problems(config: dict) -> list[tuple[str, str]]:
             out.append((f"grid.{kind}.{name}", "trainer local builds tiny models: give an architecture, not hf_id"))
         if grid["trainer"] == "openrlhf" and "hf_id" not in spec:
             out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
-    for name in sorted(set(grid["models"]) & set(grid.get("memory_models", {}))):
-        out.append((f"grid.memory_models.{name}", f"also a name under grid.models (both would write models/{name}/)"))
-    for name, spec in all_models.items():
-        kind = "models" if name in grid["models"] else "memory_models"
         if "hidden_size" in spec and spec["hidden_size"] % spec["num_heads"]:
             what = f"{spec['hidden_size']} is not divisible by num_heads ({spec['num_heads']})"
             out.append((f"grid.{kind}.{name}.hidden_size", what))
         if "num_heads" in spec and spec["num_heads"] % spec["num_kv_heads"]:
             what = f"{spec['num_heads']} is not divisible by num_kv_heads ({spec['num_kv_heads']})"
             out.append((f"grid.{kind}.{name}.num_heads", what))
+    for name in sorted(set(grid["models"]) & set(grid.get("memory_models", {}))):
+        out.append((f"grid.memory_models.{name}", f"also a name under grid.models (both would write models/{name}/)"))
     for name, spec in grid["models"].items():
         if spec.get("memory") and spec["memory"] not in grid.get("memory_models", {}):
             out.append((f"grid.models.{name}.memory", f"{spec['memory']!r} is not one of grid.memory_models"))

@@ -14,7 +14,7 @@ import torch
 
 from calibrl import grid as G
 from calibrl.data import countdown
-from calibrl.data.records import read_jsonl, write_jsonl
+from calibrl.data.records import Records, read_jsonl, write_jsonl
 from calibrl.io import write_json
 
 log = logging.getLogger("calibrl.pipeline")
@@ -23,6 +23,15 @@ log = logging.getLogger("calibrl.pipeline")
 def _threads(n: int) -> None:
     """Each job uses its own cores only: Snakemake runs several jobs side by side."""
     torch.set_num_threads(max(1, int(n)))
+
+
+def _on_error(data: dict) -> str:
+    """``grid.data.on_error``; the schema fills in its default (fail), this is for configs built in code."""
+    return data.get("on_error", "fail")
+
+
+def _read(grid: dict, path: str) -> Records:
+    return read_jsonl(path, on_error=_on_error(grid["data"]))
 
 
 def data_job(data: dict, out_paths: dict[str, str], manifest: str) -> None:
@@ -53,7 +62,7 @@ def warmstart_job(grid: dict, model: str, train_path: str, model_dir: str, info_
     from calibrl.train.warmstart import warmstart
 
     _threads(threads)
-    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
+    records = _read(grid, train_path)
     ws = grid["warmstart"]
     info = warmstart(
         records,
@@ -96,7 +105,7 @@ def train_job(
         return openrlhf_train_job(grid, model, method, seed, train_path, run_dir, success_path)
     _threads(threads)
     m = G.method({"grid": grid}, method)
-    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
+    records = _read(grid, train_path)
     init_dir = json.loads(Path(init_info).read_text())["path"]
     memory_dir = json.loads(Path(memory_info).read_text())["path"] if memory_info else None
     with Scorer(workers=grid.get("workers", 1)) as scorer:
@@ -131,8 +140,7 @@ def evaluate_job(
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
     _threads(threads)
-    on_error = grid["data"].get("on_error", "fail")
-    splits = {name: read_jsonl(path, on_error=on_error) for name, path in split_paths.items()}
+    splits = {name: _read(grid, path) for name, path in split_paths.items()}
     with Scorer(workers=grid.get("workers", 1)) as scorer:
         for marker, out_path, step in zip(markers, out_paths, steps):
             policy_dir = json.loads(Path(marker).read_text())["policy"]
@@ -330,7 +338,7 @@ def download_job(data: dict, split: str, out_path: str, manifest_path: str) -> N
         manifest_path,
         revision=data.get("revisions", {}).get(key),
         local_files=data.get("local_files", {}).get(key),
-        on_error=data.get("on_error", "fail"),
+        on_error=_on_error(data),
     )
     log.info(
         "%s: %s rows from %s@%s",
@@ -388,7 +396,7 @@ def prepare_openrlhf_data(
     from calibrl.train.openrlhf.data import write_prompts
 
     m = G.method({"grid": grid}, method)
-    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
+    records = _read(grid, train_path)
     keep = None
     if m.filter_easiest > 0:
         if not success_path:
@@ -431,7 +439,7 @@ def rank_job(grid: dict, model: str, train_path: str, out_path: str) -> None:
 
     tr = grid["train"]
     policy = grid["models"][model]["hf_id"]
-    records = read_jsonl(train_path, on_error=grid["data"].get("on_error", "fail"))
+    records = _read(grid, train_path)
     items = queue({"train": records}, grid["prompt_template"], tokenizer_for(policy, bool(grid.get("chat_template"))))
     n = int(tr["filter_samples"])
     with Scorer(workers=grid.get("workers", 1)) as scorer:

@@ -404,14 +404,12 @@ def _versions() -> dict[str, str]:
 def _drop_unparseable_golds(key: str, records: Normalised, out_path: Path, on_error: str) -> Normalised:
     """Records whose gold answer math-verify cannot parse (it could never grade them), checked in grading
     worker processes (a pathological gold cannot hang the job); fail or drop them as ``on_error`` says."""
-    from calibrl.grading import Grader, gold_check
+    from calibrl.grading import gold_problems
 
-    with Grader(workers=2, check=gold_check) as grader:
-        grades = grader.grade([("", str(r["answer"])) for r in records])
-    bad = [i for i, g in enumerate(grades) if not g.correct]
+    bad = gold_problems([r["answer"] for r in records])
     if not bad:
         return records
-    where = [f"{out_path}:{i + 1} (id {records[i]['id']}): gold answer {records[i]['answer']!r:.80}" for i in bad]
+    where = [f"{out_path}:{i + 1} (id {records[i]['id']}): {why}" for i, why in bad.items()]
     summary = f"{key}: {len(bad)} gold answers math-verify cannot parse (grid.data.on_error is {on_error})"
     if on_error == "fail":
         raise DataError(summary + ":\n  " + "\n  ".join(where[:20]))

@@ -116,19 +116,6 @@ def _parse_line(raw: bytes, lineno: int) -> tuple[str, str] | dict | None:
     return problem if problem is not None else obj
 
 
-def gold_problem(answer: str, timeout: float = 5.0) -> str | None:
-    """Why math-verify cannot parse the gold ``answer`` (so no response could ever be graded against it), or
-    None when it parses; the same parse as :func:`calibrl.grading.grade_one`'s."""
-    from calibrl.grading import gold_check
-
-    grade = gold_check("", answer, timeout)
-    if grade.correct:
-        return None
-    why = "timed out" if grade.timed_out else grade.error
-    detail = f" ({why})" if why and why != "gold answer did not parse" else ""
-    return f"gold answer {answer!r:.80} does not parse with math-verify{detail}"
-
-
 def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail", check_golds: bool = False) -> Records:
     """Read and validate a JSONL file of records.
 
@@ -136,15 +123,16 @@ def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail", che
     (``"<file>:<line>: <problem>"``), then counts the bad rows per reason and lists each one's file:line and
     problem (the first 20). ``"skip"`` drops bad rows, logs a warning with the count per reason and records
     the counts on the returned :class:`Records` (``.skipped``). With duplicate ids the first row is kept.
-    ``check_golds`` also parses every gold answer with math-verify (:func:`gold_problem`; slow on large files,
-    and downloads already check this), a row whose gold does not parse being a bad row (``unparseable_gold``).
+    ``check_golds`` also parses every gold answer with math-verify (``calibrl.grading.gold_problems``, in worker
+    processes; downloads already check this), a row whose gold does not parse being a bad row
+    (``unparseable_gold``).
     """
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     path = Path(path)
     rows: list[dict] = []
     skipped: Counter[str] = Counter()
-    bad: list[str] = []  # "<file>:<line>: <problem>" of each bad row
+    bad: list[tuple[int, str]] = []  # (line, problem) of each bad row
     first_line: dict[str, int] = {}
     with open(path, "rb") as fh:  # binary: lines end at b"\n" only, and bad bytes stay on their line
         for lineno, raw in enumerate(fh, start=1):
@@ -153,27 +141,32 @@ def read_jsonl(path: str | Path, on_error: Literal["fail", "skip"] = "fail", che
                 continue
             if isinstance(parsed, dict):
                 rid = parsed["id"]
-                why = None if rid in first_line or not check_golds else gold_problem(parsed["answer"])
-                if rid in first_line:
-                    parsed = DUPLICATE_ID, f"duplicate id {rid!r} (first on line {first_line[rid]})"
-                elif why is not None:
-                    parsed = UNPARSEABLE_GOLD, why
-                else:
+                if rid not in first_line:
                     first_line[rid] = lineno
                     rows.append(parsed)
                     continue
+                parsed = DUPLICATE_ID, f"duplicate id {rid!r} (first on line {first_line[rid]})"
             reason, message = parsed
             skipped[reason] += 1
-            if len(bad) < MAX_LISTED:
-                bad.append(f"{path}:{lineno}: {message}")
+            bad.append((lineno, message))
+    if check_golds:
+        from calibrl.grading import gold_problems
+
+        unparseable = gold_problems([r["answer"] for r in rows])
+        skipped[UNPARSEABLE_GOLD] += len(unparseable)
+        bad += [(first_line[rows[i]["id"]], why) for i, why in unparseable.items()]
+        rows = [r for i, r in enumerate(rows) if i not in unparseable]
+    skipped += Counter()  # drop zero counts
+    bad = sorted(bad)[:MAX_LISTED]
     if not skipped:
         return Records(rows, path=path)
     n_bad = sum(skipped.values())
     counts = ", ".join(f"{reason}={count}" for reason, count in sorted(skipped.items()))
-    listed = "\n  ".join(bad) + (f"\n  ... and {n_bad - len(bad)} more" if n_bad > len(bad) else "")
+    where = [f"{path}:{lineno}: {message}" for lineno, message in bad]
+    listed = "\n  ".join(where) + (f"\n  ... and {n_bad - len(bad)} more" if n_bad > len(bad) else "")
     if on_error == "fail":
         what = f"{n_bad} bad row(s) ({counts}); on_error is fail (grid.data.on_error: skip drops them)"
-        raise DataError(f"{bad[0]}\n{path}: {what}:\n  {listed}")
+        raise DataError(f"{where[0]}\n{path}: {what}:\n  {listed}")
     log.warning("%s: skipped %d bad row(s): %s\n  %s", path, n_bad, counts, listed)
     return Records(rows, skipped=dict(sorted(skipped.items())), path=path)
 
