@@ -130,26 +130,29 @@ def fake_results(res: Path) -> None:
         (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def test_interrupted_aggregation_leaves_complete_files_or_none(tmp_path):
+def aggregate_args(res: Path) -> dict:
+    """Arguments of ``pipeline.aggregate_job`` over fake results under ``res`` (made on first use)."""
     grid = grid_config()
     grid["data"]["eval_splits"] = ["test"]
+    if not (res / "runs").exists():
+        fake_results(res)
+    evals = sorted(str(p) for p in (res / "runs").rglob("eval/step_*.json"))
+    metrics = sorted(str(p) for p in (res / "runs").rglob("metrics.jsonl"))
+    out = res / "out"
+    return dict(
+        grid=grid,
+        eval_paths=evals,
+        metric_paths=metrics,
+        root=str(res),
+        out_dir=str(out),
+        store_dir=None,
+        experiment=None,
+        done_path=str(out / "aggregate.json"),
+    )
 
-    def args(res: Path) -> dict:
-        if not (res / "runs").exists():
-            fake_results(res)
-        evals = sorted(str(p) for p in (res / "runs").rglob("eval/step_*.json"))
-        metrics = sorted(str(p) for p in (res / "runs").rglob("metrics.jsonl"))
-        out = res / "out"
-        return dict(
-            grid=grid,
-            eval_paths=evals,
-            metric_paths=metrics,
-            root=str(res),
-            out_dir=str(out),
-            store_dir=None,
-            experiment=None,
-            done_path=str(out / "aggregate.json"),
-        )
+
+def test_interrupted_aggregation_leaves_complete_files_or_none(tmp_path):
+    args = aggregate_args
 
     ref = tmp_path / "reference"
     start = time.monotonic()
@@ -186,3 +189,16 @@ def test_remove_temporaries_takes_only_what_killed_writes_leave(tmp_path):
     assert remove_temporaries(tmp_path) == 0
     with atomic_path(tmp_path / "out.txt") as tmp:  # what atomic_path leaves on a kill is what it matches
         assert tmp.name.startswith(".out.txt.") and tmp.name.endswith(".tmp")
+
+
+def test_aggregation_lists_no_temporary_left_by_a_killed_run(tmp_path):
+    """A killed aggregation can leave a hidden temporary among the tables; the rerun's aggregate.json lists the
+    tables, and must not list it (found by the kill test above when a kill landed mid-write)."""
+    args = aggregate_args(tmp_path)
+    tables = Path(args["out_dir"]) / "tables"
+    tables.mkdir(parents=True)
+    (tables / ".table5_vs_paper.md.x1y2.tmp").write_text("half a table")
+    subprocess.run(job_script("aggregate", args), check=True, capture_output=True)
+    listed = json.loads(Path(args["done_path"]).read_text())["tables"]
+    assert listed == sorted(str(p) for p in tables.iterdir() if not p.name.startswith("."))
+    assert "table5_vs_paper.md" in {Path(p).name for p in listed}

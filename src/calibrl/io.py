@@ -32,6 +32,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def outputs(folder: str | Path) -> list[Path]:
+    """The complete files directly in ``folder``, sorted: hidden names are the temporaries of killed writes
+    (:func:`atomic_path`), never outputs."""
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def remove_temporaries(folder: str | Path) -> int:
     """Delete what killed writes left below ``folder``: the hidden ``.<name>.<random>.tmp`` files and folders
     of :func:`atomic_path` and ``calibrl.models.save`` and the ``.old`` folders of the latter. No reader

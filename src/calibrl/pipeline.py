@@ -15,7 +15,7 @@ import torch
 from calibrl import grid as G
 from calibrl.data import countdown
 from calibrl.data.records import Records, read_jsonl, write_jsonl
-from calibrl.io import write_json
+from calibrl.io import outputs, write_json
 
 log = logging.getLogger("calibrl.pipeline")
 
@@ -241,7 +241,7 @@ def aggregate_job(
         _sync_grid_mlflow(grid, eval_paths, metric_paths, root, out, store_dir, experiment)
     write_json(
         done_path,
-        {"tables": sorted(str(p) for p in (out / "tables").glob("*")), "matched_paper": matched, "orderings": checks},
+        {"tables": [str(p) for p in outputs(out / "tables")], "matched_paper": matched, "orderings": checks},
     )
 
 
@@ -314,7 +314,7 @@ def _sync_grid_mlflow(
             artifacts=[(p, d) for p, d in artifacts if p.is_file()],
         )
         run_ids[record.name] = store.upsert(experiment, record)
-    artifacts = [(p, "tables") for p in sorted((out / "tables").glob("*")) if p.is_file()]
+    artifacts = [(p, "tables") for p in outputs(out / "tables")]
     artifacts += [(p, "figures") for p in sorted((out / "figures").glob("*.png"))]
     artifacts.append((out / "summary.md", "summary"))
     run_ids["tables"] = store.upsert(
