@@ -29,6 +29,13 @@ def test_benchmark_runs_and_prints_a_ratio(script):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert RATIO.search(proc.stdout), proc.stdout[-3000:]
     assert "machine:" in proc.stdout
+    if script == "grading_throughput.py":
+        # The ceiling splits the baseline's items into kinds: every item is counted exactly once.
+        items = int(re.search(r"^items: (\d+)", proc.stdout, re.M).group(1))
+        per_kind = re.search(r"^baseline per item: (.*)$", proc.stdout, re.M).group(1)
+        counts = [int(n) for n in re.findall(r"(?:pairs|pathological) (\d+) in", per_kind)]
+        assert len(counts) == 4 and sum(counts) == items, per_kind
+        assert "ratio ceiling of any cache + pool grader" in proc.stdout
 
 
 def test_embedded_default_benchmark_documents_itself():
