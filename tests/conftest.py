@@ -1,5 +1,6 @@
 """Shared fixtures: a copy of the workflow in a temporary directory, and the shared data folder."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -60,3 +61,22 @@ def load_config(workdir: Path) -> dict:
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def fake_run_results(res: Path, runs, k: int, splits=("test",)) -> tuple[list[str], list[str]]:
+    """Evaluation and training files of ``runs`` (model, method, seed) under ``res`` as the workflow leaves
+    them (numbers made up; aggregation only reads them). Returns the evaluation and metrics paths."""
+    evals, metrics = [], []
+    for i, (model, method, seed) in enumerate(runs):
+        run = res / "runs" / model / method / f"s{seed}"
+        (run / "eval").mkdir(parents=True)
+        for step in (25, 50):
+            acc = 0.1 * (i + 1) + step / 1000
+            split = {f"avg_at_{k}": acc, f"pass_at_{k}": min(1.0, 2 * acc), "distinct_correct": 1.0 + acc}
+            path = run / "eval" / f"step_{step}.json"
+            path.write_text(json.dumps({"step": step, "splits": dict.fromkeys(splits, split)}))
+            evals.append(str(path))
+        lines = [{"step": s, "reward": 0.1 * s, "entropy": 1.0 / s, "kl": 0.0, "seconds": 0.1} for s in range(1, 51)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        metrics.append(str(run / "metrics.jsonl"))
+    return evals, metrics

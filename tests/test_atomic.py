@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_config
+from conftest import REPO, fake_run_results, load_config
 
 from calibrl.data import countdown
 from calibrl.data.records import write_jsonl
@@ -117,25 +117,12 @@ def test_interrupted_evaluation_leaves_complete_files_or_none(checkpoint, tmp_pa
     assert max(left) > 0  # some kill landed after a file was written, so the check had work to do
 
 
-def fake_results(res: Path) -> None:
-    """Evaluation and training files as the workflow leaves them (numbers made up; aggregation only reads)."""
-    for i, (model, method, seed) in enumerate(RUNS):
-        run = res / "runs" / model / method / f"s{seed}"
-        (run / "eval").mkdir(parents=True)
-        for step in (25, 50):
-            acc = 0.1 * (i + 1) + step / 1000
-            split = {"avg_at_4": acc, "pass_at_4": min(1.0, 2 * acc), "distinct_correct": 1.0 + acc}
-            (run / "eval" / f"step_{step}.json").write_text(json.dumps({"step": step, "splits": {"test": split}}))
-        lines = [{"step": s, "reward": 0.1 * s, "entropy": 1.0 / s, "kl": 0.0} for s in range(1, 51)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-
-
 def aggregate_args(res: Path) -> dict:
     """Arguments of ``pipeline.aggregate_job`` over fake results under ``res`` (made on first use)."""
     grid = grid_config()
     grid["data"]["eval_splits"] = ["test"]
     if not (res / "runs").exists():
-        fake_results(res)
+        fake_run_results(res, RUNS, k=4)
     evals = sorted(str(p) for p in (res / "runs").rglob("eval/step_*.json"))
     metrics = sorted(str(p) for p in (res / "runs").rglob("metrics.jsonl"))
     out = res / "out"

@@ -7,7 +7,7 @@ import json
 import sqlite3
 
 import pytest
-from conftest import REPO, load_config
+from conftest import REPO, fake_run_results, load_config
 from mlflow.tracking import MlflowClient
 
 from calibrl.pipeline import _sync_grid_mlflow, aggregate_job
@@ -23,20 +23,7 @@ def results(tmp_path):
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": []}
     res = tmp_path / "results"
-    evals, metrics = [], []
-    for i, (model, method, seed) in enumerate(RUNS):
-        run = res / "runs" / model / method / f"s{seed}"
-        (run / "eval").mkdir(parents=True)
-        for step in (25, 50):
-            acc = 0.1 * (i + 1) + step / 1000
-            split = {"avg_at_8": acc, "pass_at_8": min(1.0, 2 * acc), "distinct_correct": 1.0 + acc}
-            (run / "eval" / f"step_{step}.json").write_text(
-                json.dumps({"step": step, "splits": {"test": split, "ood": split}})
-            )
-            evals.append(str(run / "eval" / f"step_{step}.json"))
-        lines = [{"step": s, "reward": 0.1 * s, "entropy": 1.0 / s, "kl": 0.0, "seconds": 0.1} for s in range(1, 51)]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        metrics.append(str(run / "metrics.jsonl"))
+    evals, metrics = fake_run_results(res, RUNS, k=8, splits=("test", "ood"))
     aggregate_job(grid, evals, metrics, str(res), str(res), None, None, str(res / "aggregate.json"))
     return grid, evals, metrics, res
 
