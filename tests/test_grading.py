@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -16,7 +17,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrl.grading import Grade, Grader, avg_at_k, extract_answer, grade_one, pass_at_k, summarize
+from calibrl.grading import (
+    Grade,
+    Grader,
+    _after_answer_cue,
+    _compact,
+    avg_at_k,
+    extract_answer,
+    grade_one,
+    pass_at_k,
+    summarize,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 PATHOLOGICAL = [
@@ -72,6 +83,50 @@ def test_extract_is_fast_on_megabyte_inputs():
     assert extract_answer("a" * 1_000_000 + r"\boxed{7}") == "7"
     assert extract_answer("answer is " * 100_000) is None
     assert time.monotonic() - t0 < 5
+
+
+def _full_scan_last_boxed(text):
+    """The extraction rule written plainly: every brace token from the start of the text."""
+    stack, best = [], None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{|\\[\\{}]|[{}]", text):
+        tok = m.group()
+        if tok.startswith(("\\boxed", "\\fbox")):
+            stack.append(m.end())
+        elif tok == "{":
+            stack.append(-1)
+        elif tok == "}" and stack and (start := stack.pop()) >= 0:
+            best = (start, m.start())
+    return None if best is None else text[best[0] : best[1]].strip()
+
+
+_TOKENS = st.sampled_from(["\\", "\\boxed{", "\\fbox {", "boxed{", "{", "}", "\\{", "\\}", " ", "x", "1", "\n"])
+
+
+@settings(max_examples=3000, derandomize=True, deadline=None)
+@given(st.lists(_TOKENS, max_size=40).map("".join))
+def test_extraction_scan_from_the_first_box_equals_a_full_scan(text):
+    # The scan starts at the first opener's run of backslashes; braces before it cannot change the answer.
+    if _full_scan_last_boxed(text) is not None:
+        assert extract_answer(text) == _full_scan_last_boxed(text)
+    else:
+        assert extract_answer(text) == _after_answer_cue(text)
+
+
+@settings(max_examples=2000, derandomize=True, deadline=None)
+@given(st.lists(_TOKENS | st.sampled_from(["answer is ", "$", "."]), max_size=40).map("".join))
+def test_workers_get_a_compact_response_that_extracts_the_same(text):
+    ans = extract_answer(text)
+    compact = _compact(text, ans)
+    assert extract_answer(compact) == ans
+    assert compact == text or (len(compact) < len(text) and ans is not None)
+
+
+def test_compact_response_grades_as_the_full_one():
+    long = "Let us think. " * 500 + r"$x = \{1, 2\}$, so \[ \boxed{\frac{3}{4}} \]"
+    assert _compact(long, extract_answer(long)) == r"\boxed{\frac{3}{4}}"
+    for gold in (r"\frac{3}{4}", "0.75", "1"):
+        assert grade_one(_compact(long, extract_answer(long)), gold) == grade_one(long, gold)
+    assert _compact("no answer at all", None) == "no answer at all"  # grade_one then parses all of it
 
 
 # -- grade_one ---------------------------------------------------------------------------------------

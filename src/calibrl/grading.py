@@ -71,11 +71,18 @@ def _last_boxed(text: str) -> str | None:
     "Last" is the box that closes last, so for nested boxes the outer one wins; an unclosed box is
     skipped in favour of an earlier complete one.
     """
-    if "\\boxed" not in text and "\\fbox" not in text:
+    first = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
+    if first < 0:
         return None
+    # Braces before the first opener leave only plain-brace entries on the stack, which never choose a box,
+    # so the scan can start there: at the start of its run of backslashes, where tokens start in a full
+    # scan too (an even run makes "\\boxed" a line break, not a box). A reasoning trace of thousands of
+    # characters with the box at the end then costs a few tokens, not one per brace.
+    while first > 0 and text[first - 1] == "\\":
+        first -= 1
     stack: list[int] = []  # content start for box openers, -1 for plain braces
     best: tuple[int, int] | None = None
-    for m in _BRACE_TOKENS.finditer(text):
+    for m in _BRACE_TOKENS.finditer(text, first):
         tok = m.group()
         if tok[-1] == "{" and tok[0] == "\\" and len(tok) > 2:  # \boxed{ or \fbox{
             stack.append(m.end())
@@ -326,6 +333,15 @@ def _warm_context() -> mp.context.BaseContext:
 # --------------------------------------------------------------------------------------------------
 
 
+def _compact(response: str, extracted: str | None) -> str:
+    """What a worker needs to grade ``response``: ``\\boxed{extracted}`` when that extracts to the same answer
+    (grade_one then reads nothing else), so a long reasoning trace is neither pickled nor scanned again."""
+    if extracted is None:
+        return response
+    compact = f"\\boxed{{{extracted}}}"
+    return compact if len(compact) < len(response) and extract_answer(compact) == extracted else response
+
+
 def _cache_key(response: str, extracted: str | None, gold: str) -> bytes:
     """Digest of the (normalised extracted answer, gold) pair, or of the whole response if there is no
     extracted answer (grade_one then parses the response). Whitespace runs count as one space."""
@@ -453,7 +469,7 @@ class Grader:
                 known[key] = self._cache[key] = fast  # no worker round trip for two integers
                 self.stats["integer_pairs"] += 1
             else:
-                todo[key] = (response, gold)
+                todo[key] = (response if self.check is not None else _compact(response, ans), gold)
 
         if todo:
             for key, grade in zip(todo, self._grade_jobs(list(todo.values()))):
