@@ -14,13 +14,20 @@ RATIO = re.compile(r"^ratio [^:]+: \d+\.\d\dx", re.M)
 
 
 @pytest.mark.parametrize(
-    "script", ["grading_throughput.py", "dlc_sampling.py", "rollout_throughput.py", "dag_planning.py"]
+    "script, extra",
+    [
+        ("grading_throughput.py", []),
+        ("grading_throughput.py", ["--response-chars", "3000"]),
+        ("dlc_sampling.py", []),
+        ("rollout_throughput.py", []),
+        ("dag_planning.py", []),
+    ],
 )
-def test_benchmark_runs_and_prints_a_ratio(script):
+def test_benchmark_runs_and_prints_a_ratio(script, extra):
     if script == "grading_throughput.py" and not SHARED_BENCHMARKS.is_dir():
         pytest.skip(f"{SHARED_BENCHMARKS} (the real benchmark answers) is absent")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--quick"],
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick", *extra],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -36,6 +43,9 @@ def test_benchmark_runs_and_prints_a_ratio(script):
         counts = [int(n) for n in re.findall(r"(?:pairs|pathological) (\d+) in", per_kind)]
         assert len(counts) == 4 and sum(counts) == items, per_kind
         assert "ratio ceiling of any cache + pool grader" in proc.stdout
+        assert "verdict agreement with the baseline: 100.0%" in proc.stdout
+        median = int(re.search(r"median response (\d+) characters", proc.stdout).group(1))
+        assert (median > 1500) == bool(extra), median
 
 
 def test_embedded_default_benchmark_documents_itself():
