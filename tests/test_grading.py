@@ -196,6 +196,20 @@ def test_grader_survives_pathological_responses(grader):
     assert elapsed < 3 * grader.hang_after + 5
 
 
+def test_a_box_early_in_a_long_response_counts_as_math_verify_finds_it(grader):
+    # A model that boxes its answer and then keeps checking for 30,000 characters: math-verify reads the
+    # whole response and finds the box, so the Grader must not cut it off. Without any answer, only the
+    # last max_chars characters are searched (math-verify finds the final "7" there).
+    rambling = "We check the result once more. " * 1000
+    boxed_early, no_answer = (r"So \boxed{\frac{3}{4}}. " + rambling, "3 / 4"), (rambling + "7", "7")
+    assert len(boxed_early[0]) > grader.max_chars
+    import math_verify
+
+    for response, gold in (boxed_early, no_answer):
+        assert math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(response))
+    assert [g.correct for g in grader.grade([boxed_early, no_answer])] == [True, True]
+
+
 def test_grader_cache_and_stats(grader):
     before = dict(grader.stats)
     pairs = [

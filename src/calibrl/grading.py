@@ -356,7 +356,9 @@ class Grader:
     ``workers=0`` grades in-process (for debugging: no protection against hangs in C code).
     ``stats`` counts items returned, cache hits, pairs of two integers graded without sympy, timed-out
     items (including killed or crashed workers) and other errored items. The cache keeps at most
-    ``cache_size`` grades (oldest dropped first).
+    ``cache_size`` grades (oldest dropped first). A response over ``max_chars`` is cut to its last
+    ``max_chars`` characters before a task ``check`` sees it, and before math-verify searches it for an
+    answer when it has no box or "answer is" (the answer itself is extracted from the whole response).
     """
 
     def __init__(
@@ -454,9 +456,13 @@ class Grader:
         todo: dict[bytes, tuple[str, str]] = {}
         for response, gold in pairs:
             response, gold = str(response), str(gold)
-            if len(response) > self.max_chars:
+            if self.check is not None and len(response) > self.max_chars:
                 response = response[-self.max_chars :]  # the final answer is at the end
-            ans = extract_answer(response)
+            ans = extract_answer(response)  # linear time, so from the whole response: an early box counts
+            if ans is None and len(response) > self.max_chars:
+                # math-verify will search all of it: bound that work to the end, where a final answer is
+                response = response[-self.max_chars :]
+                ans = extract_answer(response)  # what the worker's grade_one will see
             key = _cache_key(response, ans, gold)
             keys.append(key)
             extracted.append(ans)
