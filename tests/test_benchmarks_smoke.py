@@ -11,6 +11,7 @@ from conftest import REPO
 
 SHARED_BENCHMARKS = REPO.parent / "shared" / "data" / "benchmarks"
 RATIO = re.compile(r"^ratio [^:]+: \d+\.\d\dx", re.M)
+pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
 
 @pytest.mark.parametrize(

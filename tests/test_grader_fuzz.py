@@ -17,8 +17,8 @@ from conftest import SHARED_DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calibrl.evaluate import split_metrics
 from calibrl.grading import Grade, Grader
+from calibrl.metrics import split_metrics
 
 BATCH = 50
 EXAMPLES = 100  # x BATCH = 5,000 generated responses

@@ -8,16 +8,31 @@ answers per problem (out of n samples) measures how many solution modes the poli
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable
 
 import torch
 
-from calibrl.grading import summarize
 from calibrl.logs import Progress
+from calibrl.metrics import split_metrics
 from calibrl.sampling import sample
 from calibrl.tasks import format_prompt
 
 log = logging.getLogger("calibrl.evaluate")
+
+
+def evaluate_checkpoint(settings, policy_dir: str, splits: dict[str, list[dict]], grade: Callable) -> dict:
+    """One checkpoint on every split (``settings``: ``calibrl.grid.EvalSettings``): the CPU sampler, or at
+    paper scale every split in one vLLM engine (``calibrl.evaluate_vllm``)."""
+    if settings.evaluator == "vllm":
+        from calibrl.evaluate_vllm import evaluate_checkpoint as on_vllm
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # checkpoints are local folders; compute nodes are offline
+        return on_vllm(policy_dir, splits, grade, settings)
+    from calibrl.models import load
+
+    policy, tokenizer = load(policy_dir)
+    return evaluate_policy(policy, tokenizer, splits, grade, settings)
 
 
 def evaluate_policy(
@@ -25,17 +40,14 @@ def evaluate_policy(
     tokenizer,
     splits: dict[str, list[dict]],
     grade: Callable,
-    n: int,
-    k: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    template: str,
+    settings,
     prompts_per_batch: int = 64,
-    seed: int = 0,
 ) -> dict:
-    """``grade(responses, records) -> list[Grade]``; returns per-split metrics (fractions in [0, 1])."""
-    generator = torch.Generator().manual_seed(seed)
+    """``grade(responses, records) -> list[Grade]``; ``settings``: ``calibrl.grid.EvalSettings``. Returns
+    per-split metrics (fractions in [0, 1])."""
+    s = settings
+    n, k = s.n, s.k
+    generator = torch.Generator().manual_seed(s.seed)
     total = sum((len(recs) + prompts_per_batch - 1) // prompts_per_batch for recs in splits.values())
     progress = Progress("evaluation batches", total, log, every=10.0)
     results = {}
@@ -46,12 +58,13 @@ def evaluate_policy(
             roll = sample(
                 policy,
                 tokenizer,
-                [format_prompt(r, template) for r in chunk],
+                [format_prompt(r, s.template) for r in chunk],
                 n,
-                max_new_tokens,
-                temperature,
-                top_p,
+                s.max_new_tokens,
+                s.temperature,
+                s.top_p,
                 generator=generator,
+                top_k=s.top_k,
             )
             grades = grade(roll.texts, [r for r in chunk for _ in range(n)])
             lengths += roll.response_mask.sum(-1).tolist()
@@ -60,19 +73,3 @@ def evaluate_policy(
         results[name] = split_metrics(groups, lengths, k)
         log.info("%s: %s", name, results[name])
     return results
-
-
-def split_metrics(grades: Sequence[Sequence], lengths: Sequence[int], k: int) -> dict:
-    """One split's result from each problem's n grades (``calibrl.grading.Grade``) and the response lengths:
-    AVG@k, PASS@k, distinct correct answers per problem, timeouts; the layout every evaluator writes."""
-    summary = summarize([[g.correct for g in group] for group in grades], k)
-    distinct = [len({g.extracted for g in group if g.correct}) for group in grades]
-    return {
-        f"avg_at_{k}": summary["avg_at_k"],
-        f"pass_at_{k}": summary["pass_at_k"],
-        "distinct_correct": sum(distinct) / max(len(distinct), 1),
-        "n_problems": summary["n_problems"],
-        "n_samples": len(grades[0]) if grades else 0,
-        "timeouts": sum(g.timed_out for group in grades for g in group),
-        "response_length": sum(lengths) / max(len(lengths), 1),
-    }

@@ -20,6 +20,25 @@ def format_prompt(record: dict, template: str) -> str:
     return template.format(problem=record["problem"])
 
 
+def render_prompts(records: Sequence[dict], template: str, tokenizer=None, enable_thinking: bool = False) -> list[str]:
+    """The model's input text per record: the template around the problem, then, given a tokenizer, its chat
+    template as one user turn with the generation prompt. ``enable_thinking`` goes to the chat template
+    (Qwen3's thinking switch; a template without it ignores it). Training prompts (OpenRLHF) and evaluation
+    prompts are both rendered here, so a run is evaluated on exactly the text it was trained on."""
+    texts = [format_prompt(r, template) for r in records]
+    if tokenizer is None:
+        return texts
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=enable_thinking,
+        )
+        for t in texts
+    ]
+
+
 def is_countdown(record: dict) -> bool:
     return str(record.get("source", "")).startswith("countdown")
 

@@ -11,9 +11,11 @@ samples_generator.py L169-177), and ``extra_logs`` are logged per sample.
 The reward is 1.0 when ``calibrl.grading.grade_one(response, gold)`` says correct, else 0.0, as in the CPU
 trainer. Threads cannot use math-verify's ``signal.alarm`` timeouts, so by default the grades are done by a
 ``calibrl.grading.Grader`` process pool (``grade_one`` in worker processes, whose main threads have the
-timeouts; a hung worker is killed and the item counts as wrong), shared by the actor's threads under a
-lock. ``CALIBRL_REWARD_WORKERS`` sets the pool size (default 2; 0 grades in the calling thread, without
-timeouts) and ``CALIBRL_REWARD_TIMEOUT`` math-verify's per-call timeout in seconds (default 5).
+timeouts; a hung worker is killed and the item counts as wrong), shared by the actor's threads. The
+threads do not queue behind one another: whatever samples arrive while a batch is being graded are
+graded together as the next batch, so all the pool's workers stay busy. ``CALIBRL_REWARD_WORKERS``
+sets the pool size (default 2; 0 grades in the calling thread, without timeouts) and
+``CALIBRL_REWARD_TIMEOUT`` math-verify's per-call timeout in seconds (default 5).
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ from __future__ import annotations
 import os
 import re
 import threading
+from concurrent.futures import Future
 
 import torch
 
 from calibrl.grading import Grade, Grader, grade_one
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]{1,40}\|>")  # <|im_end|>, <|endoftext|>, ...
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _grader, _pending and _grading
 _grader: Grader | None = None
+_pending: list[tuple[tuple[str, str], Future]] = []  # samples waiting for the next batch
+_grading = False  # a thread is grading a batch
 
 
 def response_text(query: str, prompt: str) -> str:
@@ -46,23 +51,44 @@ def response_text(query: str, prompt: str) -> str:
     return _SPECIAL.sub("", response)
 
 
-def _grade(response: str, gold: str) -> Grade:
-    global _grader
+def _grade(pairs: list[tuple[str, str]]) -> list[Grade]:
+    global _grader, _grading
     workers = int(os.environ.get("CALIBRL_REWARD_WORKERS", "2"))
     timeout = float(os.environ.get("CALIBRL_REWARD_TIMEOUT", "5"))
     if workers <= 0:
-        return grade_one(response, gold, timeout)
+        return [grade_one(response, gold, timeout) for response, gold in pairs]
+    mine = [Future() for _ in pairs]
     with _lock:
         if _grader is None:
             _grader = Grader(workers=workers, timeout=timeout)
-        return _grader.grade([(response, gold)])[0]
+        _pending.extend(zip(pairs, mine))
+        if _grading:  # the grading thread takes these samples with its next batch
+            lead = False
+        else:
+            lead = _grading = True
+    if lead:  # grade batches until none is waiting
+        while True:
+            with _lock:
+                batch = _pending[:]
+                _pending.clear()
+                if not batch:
+                    _grading = False
+                    break
+            try:  # a Grader is used by one thread at a time
+                for (_, fut), grade in zip(batch, _grader.grade([pair for pair, _ in batch])):
+                    fut.set_result(grade)
+            except BaseException as exc:  # every waiting thread hears of it, then the next batch is tried
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+    return [fut.result() for fut in mine]
 
 
 def reward_func(queries: list[str], prompts: list[str], labels: list[str], **kwargs) -> dict:
     """Binary rewards (1.0 correct, 0.0 otherwise) for ``queries``, aligned with them."""
     if not len(queries) == len(prompts) == len(labels):
         raise ValueError(f"{len(queries)} queries, {len(prompts)} prompts and {len(labels)} labels")
-    grades = [_grade(response_text(q, p), str(gold)) for q, p, gold in zip(queries, prompts, labels)]
+    grades = _grade([(response_text(q, p), str(gold)) for q, p, gold in zip(queries, prompts, labels)])
     rewards = torch.tensor([1.0 if g.correct else 0.0 for g in grades], dtype=torch.float32)
     found = torch.tensor([0.0 if g.extracted is None else 1.0 for g in grades], dtype=torch.float32)
     timed_out = torch.tensor([1.0 if g.timed_out else 0.0 for g in grades], dtype=torch.float32)
