@@ -4,5 +4,5 @@ from calibrl.logs import setup
 from calibrl.toy.jobs import verdicts_job
 
 setup(snakemake.log[0])
-stats = dict(zip(snakemake.params.figures, snakemake.input.stats))
-verdicts_job(stats, snakemake.params.toy, snakemake.output.md, snakemake.output.csv)
+seeds = dict(zip(snakemake.params.figures, snakemake.input.seeds))
+verdicts_job(seeds, snakemake.params.toy, snakemake.output.md, snakemake.output.csv)

@@ -12,7 +12,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-WORKFLOW_PARTS = ("Snakefile", "workflow", "config", "scripts", "envs")
+WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 

@@ -89,3 +89,33 @@ def test_all_equal_groups_give_finite_zero_advantages():
     for name in ("mean", "norm", "rloo", "rpp", "drgrpo"):
         a = get_estimator(name)(torch.ones(2, 4))
         assert torch.isfinite(a).all() and torch.equal(a, torch.zeros(2, 4)), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(binary_groups, st.sampled_from(["grpo", "rloo", "drgrpo", "mean", "raw"]))
+def test_positive_advantages_are_the_successes_for_binary_rewards(groups, name):
+    """S+ = {A > 0} (Algorithm 1 line 11) is Section 3.1's success count in every group with both outcomes."""
+    r = torch.tensor(groups)
+    a = get_estimator(name)(r)
+    for row_r, row_a in zip(r, a):
+        if 0 < row_r.sum() < len(row_r) or name == "raw":
+            assert torch.equal(row_a > 0, row_r > 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(binary_groups, st.floats(min_value=0.5, max_value=2.0))
+def test_reinforce_pp_calibrates_the_group_advantages_before_whitening(groups, alpha):
+    """Reinforce++ with IAC: whiten(IAC(r - mean_G r)), as the OpenRLHF patch orders it (whitening after IAC)."""
+    from calibrl.advantages import mean_shifted, whiten
+
+    r = torch.tensor(groups)
+    expected = whiten(iac(mean_shifted(r), alpha))
+    # S+ is read on the group advantages; whitening afterwards shifts by the calibrated batch's mean
+    assert torch.allclose(compute_advantages(r, "rpp", alpha), expected, atol=1e-6)
+
+
+def test_iac_inside_whitening_differs_from_iac_after_it():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    inside = compute_advantages(r, "rpp", 1.0)
+    after = iac(get_estimator("rpp")(r), 1.0)
+    assert not torch.allclose(inside, after)

@@ -1,6 +1,7 @@
 """The MLflow UI on the project's store, checked in a real headless Chromium: the experiment, its runs and a
 metric chart are shown. Screenshots go to results/mlflow_ui/ (view them)."""
 
+import json
 import os
 import shutil
 import socket
@@ -24,9 +25,12 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason="chromium is not installed (apt-get install -y chromium; CI installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason="chromium is not installed (apt-get install -y chromium; CI installs it)"
+    ),
+]
 
 
 def free_port() -> int:
@@ -113,3 +117,71 @@ def test_experiment_runs_and_metric_chart_in_chromium(ui, tmp_path):
         browser.close()
     assert (shots / "experiment.png").stat().st_size > 10_000
     assert (shots / "metric_chart.png").stat().st_size > 10_000
+
+
+@pytest.fixture
+def grid_ui(tmp_path):
+    """The grid's MLflow view as the workflow builds it (calibrl.report: aggregation, then the MLflow sync) from
+    result files of three runs, served by a real ``mlflow server``."""
+    from conftest import fake_run_results, load_config
+
+    from calibrl.report.jobs import aggregate_job
+    from calibrl.report.mlflow_view import sync_grid_mlflow
+
+    grid = load_config(REPO)["grid"]
+    grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac"], "figure6": []}
+    res = tmp_path / "results"
+    runs = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m", "grpo", 1)]
+    evals, metrics = fake_run_results(res, runs, k=8, splits=("test", "ood"))
+    aggregate_job(grid, evals, metrics, str(res), str(res / "aggregate.json"))
+    sync_grid_mlflow(grid, evals, metrics, str(res), str(res / "mlflow"), "calibrl-ui", str(res / "grid_mlflow.json"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{res / 'mlflow' / 'mlflow.db'}",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # a loaded 2-core machine can take minutes to start the server
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
+                time.sleep(0.5)
+        else:
+            raise AssertionError("mlflow server did not answer /health in 5 minutes")
+        yield url, json.loads((res / "grid_mlflow.json").read_text())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_what_a_user_sees_first_is_the_training_runs_and_the_claims(grid_ui, tmp_path):
+    """The links the workflow writes open the model-training view (runs table), not MLflow 3's GenAI traces
+    view; the grid's experiment holds only training runs, named by method and seed; the claims' experiment
+    lists each claim with its verdict."""
+    from playwright.sync_api import sync_playwright
+
+    url, written = grid_ui
+    shots = REPO / "results" / "mlflow_ui"
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=FLAGS, headless=True,
+            viewport={"width": 1400, "height": 900},
+        )  # fmt: skip
+        page = browser.new_page()
+        page.goto(url + written["open"]["grid"], timeout=60_000)
+        page.get_by_text("grpo s1 (qwen3-tiny-m)").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(shots / "grid_first_view.png"))
+        text = page.inner_text("body")
+        assert "iac s0 (qwen3-tiny-m)" in text and "grpo s0 (qwen3-tiny-m)" in text
+        assert "tables and figures" not in text  # no pseudo-run among the training runs
+        assert "No traces" not in text and "Traces" not in text.split("Runs")[0]  # the runs view, not GenAI's
+        page.goto(url + written["open"]["claims"], timeout=60_000)
+        page.get_by_text("inconclusive: IAC above grpo", exact=False).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "claims_first_view.png"))
+        browser.close()

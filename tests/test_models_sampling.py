@@ -258,3 +258,12 @@ def test_sampling_is_deterministic_for_a_generator_seed(tokenizer):
         assert torch.equal(getattr(a, field), getattr(b, field))
     assert a.texts == b.texts and a.prompt_len == b.prompt_len
     assert not torch.equal(a.sequences, c.sequences)
+
+
+def test_top_k_keeps_only_the_k_most_likely_tokens():
+    from calibrl.sampling import _filter_top_k
+
+    logits = torch.tensor([[0.1, 3.0, 2.0, -1.0, 2.0]])
+    kept = _filter_top_k(logits, 2)
+    assert torch.isfinite(kept).tolist() == [[False, True, True, False, True]]  # ties at the k-th value stay
+    assert torch.equal(_filter_top_k(logits, 10), logits)

@@ -86,5 +86,24 @@ def test_other_grid_compares_orderings_only(tmp_path):
     assert by["Entropy higher under DAPO+IAC than DAPO (last quarter of training)"]["holds"] is True
     csv = pd.read_csv(tmp_path / "table2_vs_paper.csv")
     assert csv["diff"].isna().all() and csv["ours"].notna().any() and csv["paper"].notna().any()
-    summary = R.render_summary(checks, matched, pd.DataFrame(), grid)
+    claims = pd.DataFrame(
+        [{"claim": "IAC above grpo", "source": "table2/3", "estimate": 1.5, "ci_low": 0.5, "ci_high": 2.5,
+          "seeds": 3, "p_holm": 0.01, "verdict": "holds"}]
+    )  # fmt: skip
+    summary = R.render_summary(claims, checks, matched, pd.DataFrame(), grid)
     assert "only orderings and signs" in summary and "disagree with its numbers in 17 cells" in summary
+    assert "| IAC above grpo | table2/3 | +1.50 | [+0.50, +2.50] | 3 | 0.01 | **holds** |" in summary
+    assert "1 holds, 0 contradicted, 0 inconclusive." in summary
+
+
+def test_avg_is_the_mean_of_the_rows_peaks_as_in_the_paper():
+    """The paper's Avg. column is the mean of its row; each cell is its own peak over checkpoints (so the Avg. is
+    not the peak of the per-checkpoint average when benchmarks peak at different checkpoints)."""
+    rows = []
+    for step, test, ood in ((25, 0.50, 0.10), (50, 0.30, 0.30)):  # test peaks at 25, ood at 50
+        rows += [("m", "grpo", 0, step, "test", "avg_at_8", test), ("m", "grpo", 0, step, "ood", "avg_at_8", ood)]
+    evals = pd.DataFrame(rows, columns=["model", "method", "seed", "step", "split", "metric", "value"])
+    peaks = R.peak_table(evals, "avg_at_8", 0, ["test", "ood"])
+    assert peaks.loc[("m", "grpo")].to_dict() == {"test": 50.0, "ood": 30.0, "Avg.": 40.0}  # not max(30, 30)
+    md = R.to_markdown(peaks, "t")
+    assert "Peak over checkpoints per cell (the paper's reporting" in md and "mean of the row" in md

@@ -145,3 +145,62 @@ def test_cli_writes_one_row_per_seed_and_step(tmp_path):
         assert option in help_text
     bad = subprocess.run(cmd[:4] + ["--estimator", "nope", "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode != 0 and "--estimator must be one of" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+def _fake_seeds(values: dict[str, list[float]], metric: str = "dominance_auc") -> pd.DataFrame:
+    """A per-seed frame of fig5-like configurations (variant -> per-seed values of ``metric``)."""
+    rows = []
+    for variant, xs in values.items():
+        for seed, x in enumerate(xs):
+            rows.append(dict(estimator="raw", optimizer="sgd", variant=variant, siamese="", group_size=4, seed=seed,
+                             **{metric: x}))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_toy_comparison_is_paired_and_three_way():
+    from calibrl.toy import verdicts as V
+
+    rng = pd.Series(range(64)).map(lambda s: (s * 7919 % 101) / 101)  # a spread shared by both configurations
+    base = (0.8 + 0.1 * rng).tolist()
+    frame = _fake_seeds({"baseline": base, "iac": [x - 0.02 for x in base]})
+    a, b = dict(variant="iac"), dict(variant="baseline")
+    faster = V._compare("iac", "ctx", frame, "dominance_auc", a, b, "iac", "baseline", False)
+    # every seed is 0.02 lower: paired, the difference has no spread at all (unpaired SEs would see 0.03)
+    assert faster["estimate"] == pytest.approx(0.02) and faster["p"] == 0.0
+    slower = V._compare("iac", "ctx", frame, "dominance_auc", a, b, "iac", "baseline", True)
+    assert slower["estimate"] == pytest.approx(-0.02)  # the claimed direction reversed: negative estimate
+    same = V._compare("iac", "ctx", _fake_seeds({"baseline": base, "iac": base}), "dominance_auc", a, b, "", "",
+                      False)  # fmt: skip
+    assert same["estimate"] == 0 and same["p"] == 1.0
+
+
+def test_toy_threshold_is_contrasted_with_its_baseline():
+    from calibrl.toy import verdicts as V
+
+    # both configurations leave no seed collapsed: the threshold "<= 0.05" is met, but not because of the method
+    frame = _fake_seeds({"baseline": [0.0] * 32, "iac+dlc": [0.0] * 32}, metric="collapsed_end")
+    rows = V._against_baseline("iac_dlc", "ctx", frame, "collapsed_end", dict(variant="iac+dlc"),
+                               dict(variant="baseline"), "<=", 0.05)  # fmt: skip
+    comp = pd.DataFrame(rows).assign(p_holm=lambda f: f["p"])
+    sig = comp["p_holm"] < 0.05
+    assert not (sig & (comp["estimate"] > 0) & comp["comparison"].str.contains("baseline")).any()
+
+
+def test_toy_verdicts_on_a_small_run():
+    from calibrl.toy import verdicts as V
+    from calibrl.toy.figures import run_figure
+
+    cfg = dict(estimator="raw", lr={"sgd": 0.5, "momentum": 0.5, "adamw": 0.05}, steps=60, seeds=16, seed=0,
+               init="zero", memory_lr=0.5, momentum=0.9, weight_decay=0.01, record_every=20, group_sizes=[4, 16],
+               iac_alpha=1.0, dlc_mu=0.5, fig5_estimators=["raw", "norm"], fig5_optimizers=["sgd"])  # fmt: skip
+    seeds = {fig: V.per_seed(run_figure(fig, cfg)[0]) for fig in ("fig1", "fig2", "fig3", "fig4", "fig5")}
+    comp = V.comparisons(seeds)
+    assert set(comp["outcome"]) <= {"holds", "contradicted", "inconclusive"}
+    assert (comp["p_holm"] >= comp["p"] - 1e-12).all()
+    summary = V.verdicts(comp)
+    assert list(summary["claim"]) == list(V.CLAIMS)
+    assert set(summary["verdict"]) <= {"holds", "contradicted", "inconclusive"}
+    rows = V.claims_rows(comp)
+    assert len(rows) == len(V.CLAIMS) and (rows["seeds"] == 16).all()
+    assert (rows["ci_low"] <= rows["estimate"]).all() and (rows["estimate"] <= rows["ci_high"]).all()

@@ -1,4 +1,4 @@
-"""The MLflow view of the grid (calibrl.tracking, pipeline._sync_grid_mlflow) on a real SQLite store:
+"""The MLflow view of the grid (calibrl.tracking, calibrl.report.mlflow_view) on a real SQLite store:
 idempotent over repeated aggregations, and a missing, locked or corrupted store fails clearly without
 touching any result file."""
 
@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO, fake_run_results, load_config
 from mlflow.tracking import MlflowClient
 
-from calibrl.pipeline import _sync_grid_mlflow, aggregate_job
+from calibrl.report.jobs import aggregate_job
+from calibrl.report.mlflow_view import sync_grid_mlflow
 from calibrl.tracking import Store, StoreError
 
 RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m", "grpo", 1)]
@@ -24,13 +25,13 @@ def results(tmp_path):
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": []}
     res = tmp_path / "results"
     evals, metrics = fake_run_results(res, RUNS, k=8, splits=("test", "ood"))
-    aggregate_job(grid, evals, metrics, str(res), str(res), None, None, str(res / "aggregate.json"))
+    aggregate_job(grid, evals, metrics, str(res), str(res / "aggregate.json"))
     return grid, evals, metrics, res
 
 
 def sync(results, **kw):
     grid, evals, metrics, res = results
-    return _sync_grid_mlflow(grid, evals, metrics, str(res), res, str(res / "mlflow"), "calibrl-test", **kw)
+    return sync_grid_mlflow(grid, evals, metrics, str(res), str(res / "mlflow"), "calibrl-test", **kw)
 
 
 def digests(res):
@@ -47,11 +48,16 @@ def test_three_aggregations_leave_one_run_per_key_and_no_duplicate_point(results
     sync(results)
     sync(results)
     client = MlflowClient(tracking_uri=f"sqlite:///{res / 'mlflow' / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("calibrl-test")
+    exp = client.get_experiment_by_name("calibrl-test-grid")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    assert sorted(r.info.run_name for r in runs) == sorted(
-        [f"{m}/{me}/s{s}" for m, me, s in RUNS] + ["tables and figures"]
-    )
+    # only training runs in the grid's experiment (no pseudo-run in its charts), named so a table reads by method
+    assert sorted(r.info.run_name for r in runs) == sorted(f"{me} s{s} ({m})" for m, me, s in RUNS)
+    assert {r.data.tags["part"] for r in runs} == {"grid"}
+    report = client.get_experiment_by_name("calibrl-test-claims")
+    others = client.search_runs([report.experiment_id], max_results=100)
+    assert "tables and figures" in {r.info.run_name for r in others}
+    claims = [r for r in others if r.data.tags.get("part") == "claims"]
+    assert claims and all(r.data.tags["verdict"] == "inconclusive" for r in claims)  # one seed per arm
     iac = [r for r in runs if r.data.tags.get("method") == "iac"][0]
     assert len(client.get_metric_history(iac.info.run_id, "eval/test/avg_at_8")) == 2
     assert len(client.get_metric_history(iac.info.run_id, "train/entropy")) == 50
@@ -61,7 +67,9 @@ def test_three_aggregations_leave_one_run_per_key_and_no_duplicate_point(results
     assert seeds == ["0", "1"]
     assert {a.path for a in client.list_artifacts(iac.info.run_id, "tables")} >= {"tables/table2_vs_paper.md"}
     assert json.loads((res / "mlflow_runs.json").read_text())["runs"] == first
-    assert {r.info.run_id for r in runs} == set(first.values())  # the same runs, reused, never recreated
+    assert {r.info.run_id for r in runs + others} == set(first.values())  # reused, never recreated
+    links = json.loads((res / "mlflow_runs.json").read_text())["open"]
+    assert links["grid"].endswith(f"/experiments/{exp.experiment_id}?workflowType=machine_learning")
 
 
 def test_corrupted_store_fails_clearly_and_keeps_results(results):

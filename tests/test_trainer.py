@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from calibrl.data import countdown
-from calibrl.grid import Method
+from calibrl.grid import Method, TrainSettings
 from calibrl.models import build_model, build_tokenizer, load, save
 from calibrl.tasks import Scorer
-from calibrl.train.local import Trainer, TrainSettings, aggregate, kl_penalty, overlong_penalty, ppo_clip_loss
+from calibrl.train.local import Trainer, aggregate, kl_penalty, overlong_penalty, ppo_clip_loss
 
 SETTINGS = TrainSettings(
     steps=4,

@@ -51,17 +51,18 @@ def rloo(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - (total - rewards) / (g - 1)
 
 
-def reinforce_pp_baseline(rewards: torch.Tensor) -> torch.Tensor:
-    """Reinforce++ with baseline (Hu et al.): subtract the group mean, then whiten over the batch.
-
-    The whitening uses the mean and the unbiased std of all ``groups x G`` centred rewards of one
-    batch (the last two axes), as OpenRLHF's ``reinforce_baseline`` does.
-    """
-    centered = mean_shifted(rewards)
-    flat = centered.flatten(start_dim=-2)
+def whiten(advantages: torch.Tensor) -> torch.Tensor:
+    """Batch whitening: minus the mean, over the unbiased std, of all ``groups x G`` values of one batch
+    (the last two axes), as OpenRLHF's ``reinforce_baseline`` does."""
+    flat = advantages.flatten(start_dim=-2)
     mean = flat.mean(dim=-1, keepdim=True).unsqueeze(-1)
     std = flat.std(dim=-1, keepdim=True, correction=1).unsqueeze(-1) if flat.shape[-1] > 1 else 0.0
-    return (centered - mean) / (std + EPS)
+    return (advantages - mean) / (std + EPS)
+
+
+def reinforce_pp_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """Reinforce++ with baseline (Hu et al.): subtract the group mean, then whiten over the batch."""
+    return whiten(mean_shifted(rewards))
 
 
 def drgrpo(rewards: torch.Tensor) -> torch.Tensor:
@@ -98,7 +99,13 @@ def get_estimator(name: str) -> Estimator:
 def iac_factor(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
     """The inverse-success factor (G - |S+|)^alpha of each group (Algorithm 1, lines 11-14).
 
-    ``S+ = {s : A_s > 0}`` (line 11) counts the positive advantages of each group (last axis).
+    ``S+ = {s : A_s > 0}`` (Algorithm 1 line 11), on the group-baseline advantages, is the one definition
+    used everywhere (toy, CPU trainer, OpenRLHF patch). Section 3.1 and line 12 call |S+| the success
+    count: with binary rewards and a group baseline the two agree in every group with both outcomes (A > 0
+    exactly for the correct samples), and in a group without both every A is 0, so nothing is scaled under
+    either reading. They differ only for shaped rewards (DAPO's overlong penalty): a correct but overlong
+    response below its group's mean is not a positive sample, and is neither scaled nor counted, matching
+    Section 3.1's "we only calibrate the advantages of positive samples".
     ``0 ** 0 == 1``, so alpha = 0 gives a factor of exactly 1 everywhere.
     """
     if alpha < 0:
@@ -123,7 +130,13 @@ def iac(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def compute_advantages(rewards: torch.Tensor, estimator: str, iac_alpha: float = 0.0) -> torch.Tensor:
-    """Estimator by name, then IAC with ``iac_alpha`` on top (alpha 0 = uncalibrated)."""
+    """Estimator by name, with IAC (``iac_alpha``; 0 = uncalibrated) on its group advantages.
+
+    Reinforce++: IAC goes between the group baseline and the batch whitening (whiten(IAC(r - mean_G r))),
+    where OpenRLHF's code puts it too (``calibrl.train.openrlhf.iac_patch``: IAC on the group advantages,
+    then OpenRLHF whitens), so both trainers run the same formula."""
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
+    if estimator == "rpp":
+        return whiten(iac(mean_shifted(rewards), iac_alpha)) if iac_alpha else reinforce_pp_baseline(rewards)
     return iac(get_estimator(estimator)(rewards), iac_alpha)

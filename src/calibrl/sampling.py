@@ -107,6 +107,12 @@ def _filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def _filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` most likely tokens (ties at the k-th value kept), as vLLM's ``top_k``."""
+    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
 def _check_args(group_size: int, max_new_tokens: int, temperature: float, top_p: float, memory, mu: float):
     if group_size < 1 or max_new_tokens < 1:
         raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size}, {max_new_tokens}")
@@ -132,12 +138,14 @@ def sample(
     memory=None,
     mu: float = 0.0,
     generator: torch.Generator | None = None,
+    top_k: int = 0,
 ) -> Rollout:
     """Sample ``group_size`` responses per prompt, all rows batched, one forward per model per token.
 
     Next-token logits are ``calibrated_logits(f_theta, f_phi, mu)`` (just ``f_theta`` without memory
-    or with ``mu = 0``), divided by ``temperature`` (``0`` means greedy, with log-prob 0), nucleus
-    filtered with ``top_p``, and drawn with ``torch.multinomial(..., generator=generator)``. Rows that
+    or with ``mu = 0``), divided by ``temperature`` (``0`` means greedy, with log-prob 0), cut to the
+    ``top_k`` most likely tokens (``0``: all), nucleus filtered with ``top_p`` (vLLM's order), and drawn
+    with ``torch.multinomial(..., generator=generator)``. Rows that
     emitted ``<eos>`` then emit ``<pad>`` (masked out of attention); the loop stops once every row has
     finished or after ``max_new_tokens``. The result is a function of the models, the arguments and
     the generator state only. The models' train/eval mode is left as it is.
@@ -179,6 +187,8 @@ def sample(
         else:
             if temperature != 1:
                 logits = logits / temperature
+            if top_k > 0:
+                logits = _filter_top_k(logits, top_k)
             if top_p < 1:
                 logits = _filter_top_p(logits, top_p)
             logp = logits.log_softmax(dim=-1)

@@ -1,6 +1,8 @@
-# Aggregation: the paper's tables beside the published numbers, figures and the summary (rule aggregate), then
-# the MLflow view of them (rule grid_mlflow, the single writer of the grid's MLflow runs; a broken store fails
-# that rule only, never the tables). Outputs marked report() make `snakemake --report results/report.html`.
+# Aggregation: the claims with intervals and verdicts (grid and toy, one Holm family), the paper's tables beside
+# the published numbers, figures and the summary (rule aggregate), then the MLflow view of them (rule
+# grid_mlflow, the single writer of the grid's MLflow runs; a broken store fails that rule only, never the
+# tables). Params are the config slices each rule reads. Outputs marked report() make
+# `snakemake --report results/report.html`.
 
 TABLES = ["table2", "table3", "table4", "table5"]
 ACCURACY_METRICS = [f"avg_at_{GRID['eval']['k']}", f"pass_at_{GRID['eval']['k']}"]
@@ -16,8 +18,15 @@ rule aggregate:
     input:
         evals=ALL_EVALS,
         metrics=ALL_METRICS,
+        toy=res("toy/verdicts.csv"),
     output:
         done=res("aggregate.json"),
+        claims=report(
+            res("claims.csv"),
+            caption="../report/claims.rst",
+            category="Summary (the paper's orderings)",
+            labels={"what": "claims"},
+        ),
         summary=res("summary.md"),
         summary_html=report(
             res("summary.html"),
@@ -54,8 +63,30 @@ rule aggregate:
             category="Training curves",
             labels={"figure": "entropy, every method"},
         ),
+        sharpening=report(
+            expand(
+                res("figures/{what}_{model}.png"),
+                what=["pass_at_k", "distinct_correct", "entropy_bands"],
+                model=GRID["main_model"],
+            ),
+            caption="../report/sharpening.rst",
+            category="Over-sharpening (pass@k, distinct answers, entropy)",
+            labels=lambda w: {"figure": "over-sharpening"},
+        ),
+        sharpening_csv=expand(
+            res("tables/{what}_{model}.csv"),
+            what=["pass_at_k", "distinct_correct", "entropy_bands"],
+            model=GRID["main_model"],
+        ),
     params:
-        grid=GRID,
+        seed=GRID["seed"],
+        main_model=GRID["main_model"],
+        models=list(GRID["models"]),
+        tables=GRID["tables"],
+        eval={k: GRID["eval"][k] for k in ("n", "k")},
+        train={k: GRID["train"][k] for k in ("steps", "eval_every", "group_size", "prompts_per_step")},
+        eval_splits=GRID["data"]["eval_splits"],
+        claims=GRID.get("claims", {"last_checkpoints": 2}),
     log:
         res("logs/aggregate.log"),
     localrule: True
@@ -73,7 +104,13 @@ rule grid_mlflow:
     output:
         runs=res("grid_mlflow.json"),  # not under mlflow*: --lint takes params.store as its prefix
     params:
-        grid=GRID,
+        seed=GRID["seed"],
+        trainer=GRID["trainer"],
+        architectures={m: {k: v for k, v in a.items() if k != "memory"} for m, a in GRID["models"].items()},
+        methods={m: GRID["methods"][m] for m in sorted({r.method for r in RUNS})},
+        tables=GRID["tables"],
+        train=GRID["train"],
+        eval=GRID["eval"],
         store=res("mlflow"),
         experiment=config["mlflow_experiment"],
     log:
@@ -82,4 +119,4 @@ rule grid_mlflow:
     conda:
         "../../envs/local.yaml"
     script:
-        "../../scripts/aggregate.py"
+        "../../scripts/grid_mlflow.py"

@@ -26,7 +26,7 @@ rule toy_figure:
 
 rule toy_verdicts:
     input:
-        stats=expand(res("toy/{figure}/stats.csv"), figure=TOY_FIGURES),
+        seeds=expand(res("toy/{figure}/seeds.csv.gz"), figure=TOY_FIGURES),
     output:
         md=res("toy/verdicts.md"),
         html=report(

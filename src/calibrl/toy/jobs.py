@@ -28,9 +28,11 @@ def figure_job(figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_cs
     plot_figure(figure, curves, plot_png)
 
 
-def verdicts_job(stats_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: str) -> pd.DataFrame:
-    stats = {fig: read_table(path) for fig, path in stats_csvs.items()}
-    comp = V.comparisons(stats)
+def verdicts_job(seed_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: str) -> pd.DataFrame:
+    """Verdicts from every seed's trajectory (each figure's ``seeds.csv.gz``, paired across configurations).
+    ``csv_path``: every comparison, from which the aggregation takes the toy's rows of claims.csv."""
+    seeds = {fig: V.per_seed(read_table(path)) for fig, path in seed_csvs.items()}
+    comp = V.comparisons(seeds)
     summary = V.verdicts(comp)
     keys = (
         "steps",
@@ -50,7 +52,7 @@ def verdicts_job(stats_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: 
     write_markdown(md_path, V.render_markdown(comp, summary, settings))
     write_csv(csv_path, comp)
     for _, row in summary.iterrows():
-        log.info("verdict: %s -> %s (%d/%d)", row["statement"], row["verdict"], row["held"], row["tested"])
+        log.info("verdict: %s -> %s (%d/%d held)", row["statement"], row["verdict"], row["held"], row["tested"])
     return summary
 
 

@@ -1,0 +1,91 @@
+"""The aggregation job (rule aggregate): tables, figures, claims and the summary, from result files only."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from calibrl.io import outputs, write_csv, write_json
+from calibrl.report import claims as C
+from calibrl.report import figures as F
+from calibrl.report import load as L
+from calibrl.report import paper, sharpening, summary, tables
+from calibrl.report.render import write_markdown
+
+log = logging.getLogger("calibrl.report")
+
+
+def toy_claims(toy_csv: str | None) -> pd.DataFrame:
+    """The toy's claims (one row each) from its comparisons (``results/toy/verdicts.csv``), if given."""
+    if not toy_csv:
+        return pd.DataFrame(columns=C.COLUMNS[:-2])
+    from calibrl.toy.verdicts import claims_rows
+
+    return claims_rows(pd.read_csv(toy_csv))
+
+
+def aggregate_job(
+    grid: dict, eval_paths: list[str], metric_paths: list[str], root: str, done_path: str, toy_csv: str | None = None
+) -> None:
+    """Tables 2-5 (peak reporting) beside the paper's, the claims with intervals and verdicts (grid and toy,
+    one Holm family), the over-sharpening figures, Figure 6 and the summary, under ``root``."""
+    out = Path(root)
+    evals = L.load_evals(eval_paths, root)
+    per_problem = L.load_per_problem(eval_paths, root)
+    train = L.load_train_metrics(metric_paths, root)
+    tabs = tables.build_tables(evals, grid)
+    tables.write_tables(tabs, out / "tables", grid)
+    fig6 = F.figure6(train, grid)
+    write_csv(out / "tables" / "figure6_entropy.csv", fig6)
+    checks, matched = paper.write_beside(tabs, fig6, out / "tables", grid)
+
+    claims = C.finish(pd.concat([C.grid_claims(per_problem, train, grid), toy_claims(toy_csv)], ignore_index=True))
+    write_csv(out / "claims.csv", claims)
+    for r in claims.itertuples():
+        log.info("claim %s: %s (estimate %s, seeds %s)", r.claim, r.verdict, r.estimate, r.seeds)
+
+    main = grid["main_model"]
+    last = int(grid.get("claims", {}).get("last_checkpoints", 2))
+    passk = sharpening.pass_at_k_curves(per_problem, main, last)
+    distinct = sharpening.distinct_over_steps(per_problem, main)
+    entropy = sharpening.entropy_over_steps(train, main)
+    for name, frame in (("pass_at_k", passk), ("distinct_correct", distinct), ("entropy_bands", entropy)):
+        write_csv(out / "tables" / f"{name}_{main}.csv", frame)
+    sharpening.plot_bands(passk, "k", f"pass@k on the claims' checkpoints ({main}), 95% band", "pass@k (%)",
+                          out / "figures" / f"pass_at_k_{main}.png", scale=100)  # fmt: skip
+    sharpening.plot_bands(distinct, "step", f"distinct correct answers per problem ({main}), 95% band",
+                          "distinct correct answers", out / "figures" / f"distinct_correct_{main}.png")  # fmt: skip
+    sharpening.plot_bands(entropy, "step", f"training entropy, 5-step mean ({main}), 95% band over seeds",
+                          "entropy (nats per token)", out / "figures" / f"entropy_bands_{main}.png")  # fmt: skip
+
+    F.plot_over_steps(
+        fig6,
+        "entropy_smoothed",
+        "method",
+        "Figure 6: policy entropy (5-step mean)",
+        "entropy (nats per token)",
+        out / "figures" / "figure6_entropy.png",
+        reference=F.figure6_reference(matched),
+    )
+    main_seed = evals[evals["seed"] == grid["seed"]]
+    for metric, label in L.metrics(grid).items():
+        for model in grid["models"]:
+            sub = main_seed[(main_seed["metric"] == metric) & (main_seed["model"] == model)]
+            F.plot_over_steps(sub.assign(value=sub["value"] * 100), "value", "method", f"{label} {model}",
+                              f"{label} (%)", out / "figures" / f"{metric}_{model}.png", panels="split")  # fmt: skip
+    ent = train[train["seed"] == grid["seed"]]
+    F.plot_over_steps(ent, "entropy", "method", "policy entropy", "entropy (nats per token)",
+                      out / "figures" / "entropy_all.png", panels="model")  # fmt: skip
+    noise = summary.noise_table(evals, grid)
+    write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid))
+    write_json(
+        done_path,
+        {
+            "tables": [str(p) for p in outputs(out / "tables")],
+            "matched_paper": matched,
+            "claims": claims["verdict"].value_counts().to_dict(),
+            "orderings": checks,
+        },
+    )

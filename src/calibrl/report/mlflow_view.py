@@ -1,0 +1,141 @@
+"""The grid's MLflow view (rule grid_mlflow), rebuilt from the result files; idempotent (runs keyed by
+``calibrl.key``).
+
+Experiments, so that no chart mixes kinds of runs: ``{experiment}-grid`` holds one run per (model, method,
+seed), tagged ``method``/``model``/``seed``, so grouping the runs table by the ``method`` tag draws each
+method's seed mean with its band in MLflow's own charts; ``{experiment}-claims`` holds one run per claim
+(metrics estimate, ci_low, ci_high, seeds, p_holm; tag verdict) and a ``tables and figures`` run with every
+table, figure, claims.csv and the summary. The toy keeps the config's experiment (``calibrl.toy.jobs.mlflow_job``).
+
+MLflow 3's UI opens an experiment in the GenAI view unless the page's ``workflowType`` is ``machine_learning``
+(query parameter, else the browser's saved choice): the links written to ``grid_mlflow.json`` carry it; the
+experiments are also tagged model-development (``calibrl.tracking``) for UIs that read the tag.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from calibrl import grid as G
+from calibrl.io import outputs, write_json
+from calibrl.report import load as L
+
+log = logging.getLogger("calibrl.report")
+
+VIEW = "workflowType=machine_learning"
+
+
+def experiments(experiment: str) -> dict[str, str]:
+    """The config's experiment name -> the experiment of each part (the toy keeps the config's name)."""
+    return {"grid": f"{experiment}-grid", "claims": f"{experiment}-claims", "toy": experiment}
+
+
+def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path, architectures: dict) -> list:
+    from calibrl.tracking import RunRecord, flatten
+
+    config_params = flatten(grid, "grid")
+    skip = {"model", "method", "seed", "step", "seconds"}
+    records = []
+    for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
+        m = G.method({"grid": grid}, method)
+        metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
+        tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
+        for col in [c for c in tr.columns if c not in skip and pd.api.types.is_numeric_dtype(tr[c])]:
+            metrics += [(f"train/{col}", v, s) for s, v in zip(tr["step"], tr[col]) if v == v]
+        tables = [t for t, names in grid["tables"].items() if method in names]
+        artifacts = [(p, "figures") for p in sorted((out / "figures").glob(f"*_{model}.png"))]
+        for t in tables:
+            for name in {"table2_3": ["table2", "table3"]}.get(t, [t]):
+                artifacts += [(p, "tables") for p in sorted((out / "tables").glob(f"{name}_vs_paper.*"))]
+        records.append(
+            RunRecord(
+                key=f"grid/{model}/{method}/s{seed}",
+                name=f"{method} s{seed} ({model})",
+                params={
+                    "model": model,
+                    "method": method,
+                    "seed": seed,
+                    **m.to_dict(),
+                    **{f"arch.{k}": v for k, v in architectures.get(model, {}).items()},
+                    **config_params,
+                },
+                tags={
+                    "part": "grid",
+                    "model": model,
+                    "method": method,
+                    "alpha": m.iac_alpha,
+                    "mu": m.dlc_mu,
+                    "seed": seed,
+                    "table": ",".join(tables),
+                    "trainer": grid["trainer"],
+                },
+                metrics=metrics,
+                artifacts=[(p, d) for p, d in artifacts if p.is_file()],
+            )  # fmt: skip
+        )
+    return records
+
+
+def _claim_records(claims: pd.DataFrame) -> list:
+    from calibrl.tracking import RunRecord
+
+    records = []
+    for i, r in enumerate(claims.itertuples()):
+        values = {"estimate": r.estimate, "ci_low": r.ci_low, "ci_high": r.ci_high, "seeds": r.seeds,
+                  "p_holm": r.p_holm}  # fmt: skip
+        records.append(
+            RunRecord(
+                key=f"claims/{r.claim}",
+                name=f"{r.verdict}: {r.claim}"[:250],
+                params={"claim": r.claim, "source": r.source, "quantity": r.quantity},
+                tags={"part": "claims", "verdict": r.verdict, "source": r.source, "order": i},
+                metrics=[(k, float(v), 0) for k, v in values.items() if pd.notna(v)],
+            )
+        )
+    return records
+
+
+def sync_grid_mlflow(
+    grid: dict,
+    eval_paths: list[str],
+    metric_paths: list[str],
+    root: str,
+    store_dir: str,
+    experiment: str,
+    runs_json: str | None = None,
+    architectures: dict | None = None,
+) -> dict:
+    """The grid's and the claims' MLflow experiments from the result files under ``root``; returns run ids.
+
+    ``architectures``: {model: settings} logged as ``arch.*`` params (the tiny models' shapes)."""
+    from calibrl.tracking import RunRecord, Store
+
+    out = Path(root)
+    store = Store(store_dir)  # fails here, before any write, if the store is locked or corrupted
+    names = experiments(experiment)
+    evals = L.load_evals(eval_paths, root)
+    train = L.load_train_metrics(metric_paths, root)
+    run_ids = {}
+    for record in _run_records(grid, evals, train, out, architectures or {}):
+        run_ids[record.key] = store.upsert(names["grid"], record)
+    claims_csv = out / "claims.csv"
+    if claims_csv.is_file():
+        for record in _claim_records(pd.read_csv(claims_csv)):
+            run_ids[record.key] = store.upsert(names["claims"], record)
+    artifacts = [(p, "tables") for p in outputs(out / "tables")]
+    artifacts += [(p, "figures") for p in sorted((out / "figures").glob("*.png"))]
+    artifacts += [(out / name, "summary") for name in ("summary.md", "claims.csv") if (out / name).is_file()]
+    tables = RunRecord(key="grid/tables", name="tables and figures", tags={"part": "report"}, artifacts=artifacts)
+    run_ids["tables"] = store.upsert(names["claims"], tables)
+    log.info("logged %d runs to %s (experiments %s)", len(run_ids), store.uri, list(names.values())[:2])
+    if runs_json:
+        ids = {k: store.experiment(v) for k, v in names.items() if k != "toy"}
+        write_json(
+            runs_json,
+            {"experiments": names, "tracking_uri": store.uri, "runs": run_ids,
+             "open": {k: f"/#/experiments/{i}?{VIEW}" for k, i in ids.items()}},
+        )  # fmt: skip
+    return run_ids

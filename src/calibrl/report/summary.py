@@ -1,0 +1,96 @@
+"""The summary page: the claims with intervals and verdicts, the paper's orderings, the seed noise."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from calibrl.report import claims as C
+from calibrl.report import stats as S
+from calibrl.report.load import metrics
+from calibrl.report.paper import CELLS_NOTE, ORDER_NOTE
+from calibrl.report.tables import peak_table
+
+
+def noise_table(evals: pd.DataFrame, grid: dict) -> pd.DataFrame:
+    """Seed spread of the average peak for methods run with several seeds (main model)."""
+    rows = []
+    for metric, label in metrics(grid).items():
+        for seed in sorted(evals["seed"].unique()):
+            peaks = peak_table(evals, metric, seed)
+            for (model, method), value in peaks["Avg."].items():
+                rows.append({"metric": label, "model": model, "method": method, "seed": seed, "avg": value})
+    frame = pd.DataFrame(rows)
+    multi = frame.groupby(["metric", "model", "method"])["seed"].transform("nunique") > 1
+    return frame[multi].pivot_table(index=["metric", "model", "method"], columns="seed", values="avg")
+
+
+def render_summary(claims: pd.DataFrame, checks: list[dict], matched: bool, noise: pd.DataFrame, grid: dict) -> str:
+    from calibrl.published import mark_mismatches
+
+    last = int(grid.get("claims", {}).get("last_checkpoints", 2))
+    lines = [
+        "# The paper's claims in this grid",
+        "",
+        f"Models {list(grid['models'])}, {grid['train']['steps']} steps, checkpoints every "
+        f"{grid['train']['eval_every']}, G={grid['train']['group_size']}, "
+        f"{grid['train']['prompts_per_step']} prompts per step; benchmarks {grid['data']['eval_splits']}.",
+        "",
+        "## Claims: effect, 95% interval, verdict (`claims.csv`)",
+        "",
+        f"Each claim is decided on a quantity fixed in advance: the per-problem metric at the last {last} "
+        "evaluated checkpoints (averaged), the mean over each split's problems, then over the splits (the "
+        "paper's Avg.); Figure 6 on the training entropy of the last quarter of steps; the toy on per-seed "
+        "values. Estimates are differences in percentage points (nats for entropy; toy: its metric), paired "
+        "across arms on common seeds; intervals from a bootstrap over seeds, then problems, with Student's t "
+        f"on the seeds. Verdicts at a family-wise {S.LEVEL:g} (Holm across every claim below): **holds**, "
+        "**contradicted** (significant the other way) or **inconclusive** (including claims with fewer than "
+        "two paired seeds).",
+        "",
+        *C.render(claims),
+        "",
+        "## Beside the paper (peak tables, descriptive)",
+        "",
+        CELLS_NOTE if matched else ORDER_NOTE,
+        "The tables report each cell's peak over checkpoints as the paper does (selection on the test set), so "
+        "these orderings are descriptive, not tests: the claims above decide. Each ordering is read from "
+        "the paper's published numbers (`calibrl/published.yaml`) and counted over the "
+        "cells (model, metric, benchmark) of its table; it holds in ours when ours has the paper's direction "
+        "everywhere the paper has it everywhere, and in most cells where the paper has it in most. "
+        "Tables side by side: `tables/table{2,3,4,5}_vs_paper.md`.",
+        "",
+        "| table | claim | paper | ours | holds in ours |",
+        "|---|---|---|---|---|",
+    ]
+    for c in checks:
+        holds = {True: "yes", False: "no", None: "n/a"}[c["holds"]]
+        lines.append(f"| {c['table']} | {c['claim']} | {c['paper']} | {c['ours']} | {holds} |")
+    decided = [c for c in checks if c["holds"] is not None]
+    lines += [
+        "",
+        f"{sum(c['holds'] for c in decided)} of {len(decided)} orderings held (in the peak tables; not a test).",
+        "",
+    ]
+    odd = mark_mismatches()
+    if len(odd):
+        lines += [
+            f"The paper's own best/second marks disagree with its numbers in {len(odd)} cells (e.g. "
+            + "; ".join(
+                f"{r.table} {r.model} {r.method} {r.benchmark}: {r.value:.2f} printed {r.mark or 'unmarked'}"
+                for r in odd.head(3).itertuples()
+            )
+            + "); the claims above use the numbers, not the marks.",
+            "",
+        ]
+    if not noise.empty:
+        lines += [
+            "## Seed noise",
+            "",
+            "Average peak (percent) per seed for the methods run with several seeds. A difference between "
+            "methods smaller than the spread between seeds is not distinguishable.",
+            "",
+            noise.round(2).reset_index().to_markdown(index=False),
+            "",
+        ]
+        spread = noise.max(axis=1) - noise.min(axis=1)
+        lines.append(f"Largest seed spread: {spread.max():.2f} points; mean: {spread.mean():.2f} points.")
+    return "\n".join(lines) + "\n"
