@@ -21,6 +21,31 @@ def calibrated_logits(policy_logits: torch.Tensor, memory_logits: torch.Tensor, 
     return policy_logits - mu * memory_logits.to(policy_logits.dtype)
 
 
+IMPORTANCE = ("none", "truncated")
+"""What the policy gradient does about DLC sampling from softmax(f~), not pi_theta (``grid.train.dlc_importance``).
+
+``none`` (the default, Algorithm 1 as written): line 20 updates theta with the calibrated advantages of the
+samples drawn at line 6 and no correction for where they came from; the PPO ratio is against pi_theta_old.
+``truncated``: each token's loss is weighted by ``clamp(pi_theta_old / pi_sample, *IMPORTANCE_BOUNDS)``, a
+truncated importance weight towards pi_theta (OpenRLHF's ``is_correction`` token/clip with the same bounds).
+"""
+IMPORTANCE_BOUNDS = (0.5, 5.0)  # OpenRLHF 0.11.2's default --algo.advantage.is_correction_threshold
+
+
+def importance_weights(old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-token weights of the policy loss for samples drawn from DLC's distribution (see ``IMPORTANCE``).
+
+    ``old_logprobs``: log pi_theta_old of the sampled tokens; ``sampling_logprobs``: their log-probs under
+    the distribution they were drawn from. No gradient flows through the weights.
+    """
+    if mode == "none":
+        return torch.ones_like(old_logprobs)
+    if mode == "truncated":
+        low, high = IMPORTANCE_BOUNDS
+        return (old_logprobs - sampling_logprobs).detach().exp().clamp(min=low, max=high)
+    raise ValueError(f"grid.train.dlc_importance must be one of {IMPORTANCE}, got {mode!r}")
+
+
 def sampling_distribution(policy_logits: torch.Tensor, memory_logits: torch.Tensor, mu: float) -> torch.Tensor:
     """``pi_sample(o|q) proportional to exp(f~(q, o))`` (Section 3.2), as probabilities over the last axis."""
     return torch.softmax(calibrated_logits(policy_logits, memory_logits, mu), dim=-1)

@@ -32,9 +32,10 @@ import torch
 
 from calibrl import filtering
 from calibrl.advantages import compute_advantages
-from calibrl.dlc import memory_loss
-from calibrl.grid import Method
-from calibrl.io import atomic_path, remove_temporaries, write_json, write_marker
+from calibrl.checkpoints import write_marker
+from calibrl.dlc import importance_weights, memory_loss
+from calibrl.grid import Method, TrainSettings
+from calibrl.io import atomic_path, remove_temporaries, write_json
 from calibrl.logs import Progress
 from calibrl.models import load, save
 from calibrl.sampling import Rollout, position_ids_from_mask, sample
@@ -44,32 +45,6 @@ log = logging.getLogger("calibrl.train")
 
 Scorer = Callable[[Sequence[str], Sequence[dict]], list[tuple[bool, str | None]]]
 """(responses, records) -> (correct, canonical answer or None) per response."""
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The optimisation settings shared by every method of a grid (config ``grid.train``)."""
-
-    steps: int
-    eval_every: int
-    prompts_per_step: int
-    group_size: int
-    lr: float
-    memory_lr: float
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    kl_coef: float = 0.001
-    kl_estimator: str = "k3"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dapo_clip_high: float = 0.28
-    dapo_overlong_cache: int = 4
-    dapo_max_gen_batches: int = 3
-    ppo_minibatches: int = 2
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    filter_samples: int = 8
 
 
 # ----------------------------------------------------------------------------------------- losses
@@ -321,6 +296,8 @@ class Trainer:
             )
             logp = token_logprobs(self.policy, sub)
             pg, clipped = ppo_clip_loss(logp, old[id(b)][rows], b.advantages[rows], self.s.clip_low, self.clip_high)
+            if self.memory is not None:  # DLC sampled from softmax(f~), not pi_theta (calibrl.dlc.IMPORTANCE)
+                pg = pg * importance_weights(old[id(b)][rows], sub.logprobs, self.s.dlc_importance)
             per_token = pg
             mask = sub.response_mask
             if self.kl_coef:
@@ -361,7 +338,7 @@ class Trainer:
         if batches:
             metrics.update(self._update(batches))
             if self.memory is not None:
-                metrics["memory_loss"] = self._update_memory(batches)
+                metrics["memory_loss"] = self._update_memory(sampled)
         else:  # DAPO found no informative group: nothing to learn from this step
             metrics.update(loss=0.0, kl=0.0, clip_frac=0.0, grad_norm=0.0)
         metrics.update(self._rollout_metrics(sampled))  # over every sampled group, as for the other methods

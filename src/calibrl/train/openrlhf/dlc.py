@@ -1,51 +1,19 @@
-"""DLC (Section 3.2) at paper scale: the design decision, and the path that is implemented.
+"""DLC (Section 3.2) with Hugging Face generation: the slow path, for small models and tests.
 
 DLC samples rollouts from ``softmax(f_theta - mu * f_phi)`` (``calibrl.dlc.calibrated_logits``), where
-``f_phi`` are the logits of a memory network m_phi (the paper: Qwen3-1.7B, mu = 0.5) trained after every
-step with cross-entropy on that step's rollouts (Algorithm 1 lines 4-6, 21-22).
+``f_phi`` are the logits of a memory network m_phi trained after every step with cross-entropy on that
+step's rollouts (Algorithm 1 lines 4-6, 21-22).
 
-Decision: the slow Hugging Face path is implemented; the vLLM design is not, and the OpenRLHF launcher
-refuses ``dlc_mu > 0`` (``require_scalable_dlc``) instead of training without DLC.
-
-* Recommended design (notes, section 4): a composite vLLM model, registered out of tree through the
-  ``vllm.general_plugins`` entry point, holding the policy and the memory as two Qwen3 stacks that run on
-  the same tokens, with ``compute_logits`` returning ``f_theta - mu * f_phi``; ``load_weights`` routing
-  ``memory.*`` names to the memory; a GPU Ray actor training m_phi after each step (hooked on
-  ``BasePPOTrainer.train_step``) and pushing its weights to every engine. It keeps vLLM's batching, paged
-  KV cache and CUDA graphs, so its expected rollout overhead is about 1.2-1.5x (the memory reads ~1.7/8 of
-  the 8B policy's bytes per decode step), below the paper's 5x. It is not built here because it cannot be
-  made sound without running it: it depends on vLLM 0.29 model-runner internals (plugin registration, two
-  attention stacks with distinct layer prefixes in one KV-cache group, logits computation, weight loading,
-  CUDA-graph capture), on a second weight-sync channel, and on GPUs; vLLM has no CPU wheel and this
-  machine has no GPU. A mistake there either crashes at scale or, worse, silently samples from the wrong
-  distribution, which no CPU test of ours would catch.
-* The "middle" option, a vLLM V1 ``LogitsProcessor`` holding a Hugging Face memory model, is rejected
-  for the same reason and for cost: one Python forward per request per decode step, per-request KV caches
-  outside vLLM's memory budget (~112 KB/token for Qwen3-1.7B: 235 GB for 512 sequences of 4k tokens),
-  and ``async_scheduling`` must be off.
-* Implemented: the path the notes call "pure HF generation". ``DLCLogitsProcessor`` is a transformers
-  logits processor that advances the memory model beside the policy in ``model.generate`` (its own
-  ``DynamicCache``, positions and mask following the policy's) and returns
-  ``calibrated_logits(f_theta, f_phi, mu)``. transformers applies custom processors before temperature
-  and top-k/top-p (``generation/utils.py`` L1594 then L1613 in 5.x), so tokens come from
-  ``softmax((f_theta - mu f_phi) / T)``, as in vLLM's order and ``calibrl.sampling``. ``generate`` wraps
-  it with explicit sampling settings (Qwen3's generation_config would otherwise impose top_k 20, top_p
-  0.95, temperature 0.6) and ``memory_step`` is Algorithm 1 line 22 (``calibrl.dlc.memory_loss`` on the
-  sampled response tokens). Both run on CPU with tiny Qwen3 models in the tests.
-
-Why the HF path cannot simply be plugged into the OpenRLHF runs: OpenRLHF 0.11.2 rolls out only through
-vLLM (``samples_generator.py`` imports vllm at L7; ``_generate_vllm`` L140-193 is the only generator), and
-the policy's current weights exist only in the DeepSpeed actors and the vLLM engines (synced by NCCL
-broadcast, ``ppo_actor.py`` L409-490). Using this path there means a Ray actor that stands in for
-``RolloutRayActor`` (``generate_responses``, ``init_process_group``/``update_weight`` joining the weight
-broadcast, ``sleep``/``wake_up``), generating with this module and training m_phi on what it generated:
-GPU-only code that cannot be exercised here either.
-
-Expected overhead of the HF path against vLLM rollouts without DLC: Hugging Face generation alone is
-~5-20x slower than vLLM for long RL rollouts (padded static batches, no paged attention or continuous
-batching, a Python loop per token), and the memory adds one forward per token (~20% of the policy's
-weight reads, but as many kernel launches): roughly 7-40x in all, against the paper's reported 5x. It is
-for small models and unit tests; paper-scale DLC needs the composite model above.
+Paper scale runs on vLLM instead: ``vllm_dlc`` (the composite policy+memory vLLM model), ``memory_actor``
+(m_phi's trainer as a Ray actor) and ``openrlhf_dlc`` (their hook into OpenRLHF 0.11.2). This module is the
+path the notes call "pure HF generation": ``DLCLogitsProcessor`` is a transformers logits processor that
+advances the memory model beside the policy in ``model.generate`` (its own ``DynamicCache``, positions and
+mask following the policy's) and returns ``calibrated_logits(f_theta, f_phi, mu)``. transformers applies
+custom processors before temperature and top-k/top-p (``generation/utils.py`` L1594 then L1613 in 5.x), so
+tokens come from ``softmax((f_theta - mu f_phi) / T)``, as in vLLM's order and ``calibrl.sampling``.
+``generate`` wraps it with explicit sampling settings (Qwen3's generation_config would otherwise impose
+top_k 20, top_p 0.95, temperature 0.6) and ``memory_step`` is Algorithm 1 line 22 (``calibrl.dlc.memory_loss``
+on the sampled response tokens). Hugging Face generation is ~5-20x slower than vLLM for long RL rollouts.
 """
 
 from __future__ import annotations
@@ -54,16 +22,6 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from calibrl.dlc import calibrated_logits, memory_loss
-
-
-def require_scalable_dlc(mu: float, memory: str | None) -> None:
-    """Raise: paper-scale DLC (vLLM rollouts from ``f_theta - mu f_phi``) is not available in this backend."""
-    raise NotImplementedError(
-        f"DLC (dlc_mu={mu}, memory {memory!r}) is not available with the OpenRLHF/vLLM backend: the vLLM "
-        "composite-model design is not implemented (it cannot be verified without GPUs and vLLM), and "
-        "OpenRLHF 0.11.2 rolls out through vLLM only. See calibrl.train.openrlhf.dlc for the decision and the "
-        "Hugging Face path that exists; run DLC methods with the local trainer or leave them out of the grid."
-    )
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:

