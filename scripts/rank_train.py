@@ -5,4 +5,4 @@ from calibrl.pipeline import rank_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])
-    rank_job(snakemake.params.grid, snakemake.wildcards.model, snakemake.input.train, snakemake.output[0])
+    rank_job(snakemake.params.settings, snakemake.input.train, snakemake.output[0], snakemake.resources.grading_workers)

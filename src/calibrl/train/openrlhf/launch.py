@@ -22,7 +22,9 @@ set) makes the trainer stop after exactly that many steps and never train on a p
 ``SamplesGenerator`` of 0.11.2 (``samples_generator.py`` L88-138) returns fewer than
 ``rollout.batch_size * n_samples_per_prompt`` samples only at the end of a pass over the data.
 
-DLC (``--calibrl.dlc_mu`` > 0) is refused: see ``calibrl.train.openrlhf.dlc`` for why and what exists.
+DLC (``--calibrl.dlc_mu`` > 0, with ``--calibrl.dlc_memory`` and ``--calibrl.dlc_memory_lr``): the settings
+reach every worker as ``CALIBRL_DLC_*`` variables and the setup hook installs ``openrlhf_dlc`` (composite vLLM
+engines, the memory actor's step after each policy step, its weight sync and checkpoints).
 """
 
 from __future__ import annotations
@@ -74,13 +76,14 @@ def hf_checkpoints(ckpt_dir: str | Path) -> dict[int, Path]:
 
 
 def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int, steps: int) -> list[int]:
-    """Write ``{marker_dir}/step_{k}.done`` (JSON: step, policy path) for every evaluated step k with a checkpoint.
+    """Write ``{marker_dir}/step_{k}.done`` (JSON: step, policy path, the run's fingerprint) for every evaluated
+    step k with a checkpoint.
 
     The evaluated steps are ``eval_every, 2 * eval_every, ..., steps``, as ``calibrl.grid.eval_steps``;
     the marker matches the local trainer's (``{"step": k, "policy": <HF directory>}``). Idempotent: run it
     after training and on every (re)start. Returns the steps that have a marker now.
     """
-    from calibrl.io import write_marker  # pandas: not imported by the workers that import this module
+    from calibrl.checkpoints import write_marker  # pandas: not imported by the workers that import this module
 
     if eval_every < 1 or steps < 1:
         raise ValueError(f"eval_every and steps must be >= 1, got {eval_every}, {steps}")
@@ -168,8 +171,8 @@ def _flag(argv: list[str], name: str) -> str | None:
     return value
 
 
-def runtime_env(iac_alpha: float, max_steps: int) -> dict:
-    """Ray's runtime environment: the setup hook and the variables every worker needs."""
+def runtime_env(iac_alpha: float, max_steps: int, dlc: dict[str, str] | None = None) -> dict:
+    """Ray's runtime environment: the setup hook and the variables every worker needs (``dlc``: DLC's)."""
     src = str(Path(__file__).resolve().parents[3])  # the directory that holds the calibrl package
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {
@@ -180,6 +183,7 @@ def runtime_env(iac_alpha: float, max_steps: int) -> dict:
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
         "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        **(dlc or {}),
     }
     for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", "HF_HUB_OFFLINE"):
         if name in os.environ:
@@ -194,10 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     dlc_mu = float(ours.get("dlc_mu", 0.0))
     if iac_alpha < 0 or dlc_mu < 0:
         raise ValueError(f"--calibrl.iac_alpha and --calibrl.dlc_mu must be >= 0, got {iac_alpha}, {dlc_mu}")
+    dlc = None
     if dlc_mu > 0:
-        from calibrl.train.openrlhf.dlc import require_scalable_dlc
-
-        require_scalable_dlc(dlc_mu, ours.get("dlc_memory"))
+        missing = [f"--calibrl.{k}" for k in ("dlc_memory", "dlc_memory_lr") if not ours.get(k)]
+        if missing:
+            raise ValueError(f"--calibrl.dlc_mu {dlc_mu} (DLC) needs {' and '.join(missing)}")
+        if not float(ours["dlc_memory_lr"]) > 0:
+            raise ValueError(f"--calibrl.dlc_memory_lr must be > 0, got {ours['dlc_memory_lr']}")
+        dlc = {
+            "CALIBRL_DLC_MU": repr(dlc_mu),
+            "CALIBRL_DLC_MEMORY": ours["dlc_memory"],
+            "CALIBRL_DLC_MEMORY_LR": repr(float(ours["dlc_memory_lr"])),
+        }
     for key in ("max_steps", "eval_every", "marker_dir"):
         if key not in ours:
             raise ValueError(f"--calibrl.{key} is required")
@@ -215,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     address = os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address, runtime_env=runtime_env(iac_alpha, max_steps))
+    ray.init(address=address, runtime_env=runtime_env(iac_alpha, max_steps, dlc))
     try:
         saved = sys.argv
         sys.argv = ["train_ppo_ray", *rest]

@@ -1,0 +1,390 @@
+"""What a grid costs before anything is submitted: GPU-hours, wall time and disk per rule and in total.
+
+``calibrl plan --configfile config/paper.yaml`` prints the estimate; ``check_runtimes`` compares each job's
+wall time with the SLURM profile's ``runtime`` (read only) and warns where a job would be killed.
+
+The estimate is a stated throughput model, not a measurement. Every number it uses is in ``ASSUMPTIONS``
+below, each with where it comes from; any of them is overridden with ``--assume key=value`` (or a YAML file
+of such keys, ``--assumptions FILE``). Model sizes come from the Qwen3 configs (``QWEN3``: the fields of
+each model's ``config.json`` on the Hub), so parameter counts, checkpoint bytes and KV-cache bytes are
+computed, not assumed.
+
+Throughput model (per GPU, bf16):
+
+* generation (vLLM, large batches, decode-dominated): each output token costs the weight matmuls,
+  ``2 N`` FLOPs at ``gen_mfu`` of peak, plus reading its sequence's KV cache, ``kv_bytes_per_token(model) x
+  mean context`` at ``gen_kv_efficiency`` of HBM bandwidth; tokens/s = 1 / (compute time + KV time).
+  Prompt tokens are prefilled at ``train_mfu`` of peak (2 N FLOPs each). ``--assume gen_tokens_per_s.<hf_id>=X``
+  replaces the formula for a model by a measured figure.
+* training (OpenRLHF, DeepSpeed): ``train_flops_per_param_token x N`` FLOPs per (prompt + response) token at
+  ``train_mfu`` of peak on the actor GPUs (fwd + bwd 6N, activation recomputation 2N, the old-policy
+  forward 2N, the reference forward 2N).
+* a training step = generation of ``prompts_per_step x group_size`` responses on the engine GPUs, then
+  training on the actor GPUs, then ``step_overhead_s`` (weight sync, sleep/wake); the phases do not overlap
+  (OpenRLHF's synchronous PPO loop), so the job's GPUs are all held for the sum.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from calibrl import grid as G
+
+# name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
+ASSUMPTIONS: dict[str, tuple[object, str]] = {
+    "gpu_peak_tflops": (989.0, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16"),
+    "gpu_hbm_tb_per_s": (3.35, "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3"),
+    "gpus_per_node": (8, "the paper trains on 8-GPU nodes (Section 4.1); slurm/config.yaml train gpu: 8"),
+    "gen_mfu": (0.35, "assumption: vLLM batched decode reaches ~1/3 of peak on the weight matmuls"),
+    "gen_kv_efficiency": (0.6, "assumption: paged-attention KV reads at ~60% of HBM bandwidth"),
+    "train_mfu": (0.3, "assumption: DeepSpeed ZeRO bf16 training, typical 30-40% MFU for 4-14B"),
+    "train_flops_per_param_token": (12, "6N fwd+bwd + 2N recomputation + 2N old logprobs + 2N reference"),
+    "response_fraction": (0.35, "assumption: mean response = 35% of max_new_tokens (Qwen3 non-thinking math)"),
+    "prompt_tokens": (200, "assumption: mean rendered prompt (template + chat template + problem)"),
+    "engine_startup_s": (240.0, "assumption: vLLM engine start (weights from shared disk, CUDA graphs)"),
+    "step_overhead_s": (30.0, "assumption: weight broadcast to vLLM, sleep/wake, logging per step"),
+    "dapo_generation_factor": (1.5, "assumption: DAPO's dynamic sampling regenerates ~half a batch per step"),
+    "train_rows": (40315, "DeepScaleR-Preview-Dataset: 40,315 problems"),
+    "eval_problems": (
+        7796,
+        "GSM8K 1,319 + MATH-500 500 + MATH (lighteval) 5,000 + AIME24 30 + Minerva 272 + OlympiadBench 675",
+    ),
+    "data_bytes_per_problem": (1000, "assumption: one normalised JSONL row, problem + answer + metadata"),
+    "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
+    "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
+    "ds_checkpoints_kept": (1, "assumption: one DeepSpeed state per run kept for resume (--ckpt.max_num)"),
+    "hf_checkpoints_kept": (0, "0: every evaluated HF checkpoint kept; N > 0: only the newest N (rotation)"),
+    "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
+    "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
+    "eval_gpus": (1, "GPUs of one evaluation job when grid.eval sets none (slurm/config.yaml evaluate gpu: 1)"),
+}
+
+# Qwen3 architectures, from each model's config.json on the Hub (vocab 151,936; head_dim 128).
+QWEN3 = {
+    "Qwen/Qwen3-0.6B": dict(hidden=1024, layers=28, heads=16, kv_heads=8, inter=3072, tied=True),
+    "Qwen/Qwen3-1.7B": dict(hidden=2048, layers=28, heads=16, kv_heads=8, inter=6144, tied=True),
+    "Qwen/Qwen3-4B": dict(hidden=2560, layers=36, heads=32, kv_heads=8, inter=9728, tied=True),
+    "Qwen/Qwen3-8B": dict(hidden=4096, layers=36, heads=32, kv_heads=8, inter=12288, tied=False),
+    "Qwen/Qwen3-14B": dict(hidden=5120, layers=40, heads=40, kv_heads=8, inter=17408, tied=False),
+    "Qwen/Qwen3-32B": dict(hidden=5120, layers=64, heads=64, kv_heads=8, inter=25600, tied=False),
+}
+VOCAB, HEAD_DIM = 151936, 128
+
+
+def parameters(hf_id: str) -> int:
+    """Parameter count of a Qwen3 model from its config (embeddings, attention with q/k norms, SwiGLU MLP,
+    RMSNorms, an untied LM head where the config unties it)."""
+    if hf_id not in QWEN3:
+        raise ValueError(f"{hf_id}: no architecture known to the planner (calibrl.plan.QWEN3); add its config")
+    c = QWEN3[hf_id]
+    h, q, kv = c["hidden"], c["heads"] * HEAD_DIM, c["kv_heads"] * HEAD_DIM
+    layer = h * q + 2 * h * kv + q * h + 2 * HEAD_DIM + 3 * h * c["inter"] + 2 * h
+    return c["layers"] * layer + VOCAB * h * (1 if c["tied"] else 2) + h
+
+
+def kv_bytes_per_token(hf_id: str) -> int:
+    """bf16 K and V of one token over all layers."""
+    c = QWEN3[hf_id]
+    return 2 * c["layers"] * c["kv_heads"] * HEAD_DIM * 2
+
+
+def assumptions(overrides: dict | None = None) -> dict:
+    """The values of ``ASSUMPTIONS`` with ``overrides`` applied (unknown names refused, by name)."""
+    values = {k: v for k, (v, _) in ASSUMPTIONS.items()}
+    for key, value in (overrides or {}).items():
+        base = key.split(".", 1)[0]
+        if base not in values and base != "gen_tokens_per_s":
+            raise ValueError(
+                f"unknown planner assumption {key!r} (known: {', '.join(sorted(values))}, gen_tokens_per_s.<hf_id>)"
+            )
+        values[key] = float(value)
+    return values
+
+
+def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float) -> float:
+    """Output tokens/s of one GPU generating with ``hf_id`` at a mean context of ``mean_context`` tokens."""
+    if f"gen_tokens_per_s.{hf_id}" in a:
+        return a[f"gen_tokens_per_s.{hf_id}"]
+    compute = 2 * parameters(hf_id) / (a["gen_mfu"] * a["gpu_peak_tflops"] * 1e12)
+    kv = kv_bytes_per_token(hf_id) * mean_context / (a["gen_kv_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
+    return 1.0 / (compute + kv)
+
+
+def generation_seconds(a: dict, hf_id: str, sequences: float, max_new: int, gpus: float) -> float:
+    """Wall seconds for ``sequences`` responses on ``gpus`` GPUs: prefill plus decode."""
+    response = a["response_fraction"] * max_new
+    decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2)
+    prefill = sequences * a["prompt_tokens"] * 2 * parameters(hf_id) / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
+    return (decode + prefill) / gpus
+
+
+@dataclass
+class Row:
+    """One rule of the plan: ``jobs`` jobs of ``gpus`` GPUs each, ``wall_h`` hours for the longest, ``disk_gb``
+    in all; ``summed_gpu_hours`` where the jobs differ (training runs, evaluations of different models)."""
+
+    rule: str
+    jobs: int
+    gpus: float
+    wall_h: float
+    disk_gb: float
+    note: str = ""
+    summed_gpu_hours: float | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        if self.summed_gpu_hours is not None:
+            return self.summed_gpu_hours
+        return self.jobs * self.gpus * self.wall_h
+
+
+def _gb(n: float) -> float:
+    return n / 1e9
+
+
+def _hf(config: dict, model: str) -> str:
+    grid = config["grid"]
+    spec = {**grid["models"], **grid.get("memory_models", {})}[model]
+    if "hf_id" not in spec:
+        raise ValueError(f"grid.models.{model}: the planner sizes Hub models (hf_id); tiny models cost nothing")
+    return spec["hf_id"]
+
+
+def _eval_gpus(config: dict, a: dict) -> int:
+    ev = config["grid"]["eval"]
+    if "data_parallel_size" in ev or "tensor_parallel_size" in ev:
+        return int(ev.get("data_parallel_size", 1)) * int(ev.get("tensor_parallel_size", 1))
+    return int(a["eval_gpus"])
+
+
+def train_row(config: dict, run: G.Run, a: dict) -> Row:
+    """One training run (``grid.train``, the model's ``resources`` layout, its method's extra work)."""
+    grid = config["grid"]
+    tr = grid["train"]
+    hf = _hf(config, run.model)
+    n_params = parameters(hf)
+    m = G.method(config, run.method)
+    layout = grid["models"][run.model].get("resources", {})
+    nodes = int(layout.get("nodes", 1))
+    gpus = nodes * int(a["gpus_per_node"])
+    gen_gpus = int(layout.get("vllm_engines", 1)) * int(layout.get("vllm_tensor_parallel_size", 1))
+    if layout.get("colocate", False):
+        gen_gpus = gpus
+    actor_gpus = nodes * int(layout.get("actor_gpus_per_node", a["gpus_per_node"]))
+    sequences = tr["prompts_per_step"] * tr["group_size"]
+    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus)
+    tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
+    flops = a["train_flops_per_param_token"] * n_params * tokens
+    memory = grid["models"][run.model].get("memory") if m.dlc_mu > 0 else None
+    if memory:  # DLC: the memory network runs beside the policy in generation and is trained on the same tokens
+        mem_params = parameters(_hf(config, memory))
+        gen *= 1 + mem_params / n_params
+        flops += 6 * mem_params * tokens
+    if m.dapo:
+        gen *= a["dapo_generation_factor"]
+    train = flops / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12 * actor_gpus)
+    wall = tr["steps"] * (gen + train + a["step_overhead_s"]) + a["engine_startup_s"]
+    checkpoints = len(G.steps_of(tr))
+    kept = checkpoints if not a["hf_checkpoints_kept"] else min(checkpoints, int(a["hf_checkpoints_kept"]))
+    disk = kept * n_params * a["hf_bytes_per_param"] + a["ds_checkpoints_kept"] * n_params * a["ds_bytes_per_param"]
+    if memory:
+        disk += kept * parameters(_hf(config, memory)) * a["hf_bytes_per_param"]
+    note = f"{run.path}: step {gen:.0f} s generation + {train:.0f} s training on {gpus} GPUs"
+    return Row("train", 1, gpus, wall / 3600, _gb(disk), note)
+
+
+def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[Row]]:
+    """One row per rule, in workflow order, and one row per training run (summed into the ``train`` row)."""
+    a = assumptions(overrides)
+    grid = config["grid"]
+    runs = G.runs(config)
+    rows: list[Row] = []
+    splits = ["train", *grid["data"]["eval_splits"]]
+    data_bytes = (a["train_rows"] + a["eval_problems"]) * a["data_bytes_per_problem"]
+    rows.append(Row("data_download", len(splits), 0, 5 / 60, _gb(data_bytes), "login node, CPU"))
+    used = list(
+        dict.fromkeys(
+            [r.model for r in runs]
+            + [
+                grid["models"][r.model]["memory"]
+                for r in runs
+                if G.method(config, r.method).dlc_mu > 0 and grid["models"][r.model].get("memory")
+            ]
+        )
+    )
+    model_bytes = {m: parameters(_hf(config, m)) * a["hf_bytes_per_param"] for m in used}
+    seconds = sum(model_bytes.values()) * 8 / (a["download_gbit_per_s"] * 1e9)
+    rows.append(
+        Row(
+            "download_model",
+            len(used),
+            0,
+            seconds / 3600 / max(len(used), 1),
+            _gb(sum(model_bytes.values())),
+            "login node: " + ", ".join(used),
+        )
+    )
+    ranked = sorted({r.model for r in runs if G.method(config, r.method).filter_easiest > 0})
+    if ranked:
+        egpus = _eval_gpus(config, a)
+        tr = grid["train"]
+        walls = [
+            a["engine_startup_s"]
+            + generation_seconds(a, _hf(config, m), a["train_rows"] * tr["filter_samples"], tr["max_new_tokens"], egpus)
+            for m in ranked
+        ]
+        rows.append(Row("rank_train", len(ranked), egpus, max(walls) / 3600, 0.01, ", ".join(ranked)))
+    trains = [train_row(config, r, a) for r in runs]
+    rows.append(
+        Row(
+            "train",
+            len(trains),
+            max(t.gpus for t in trains),
+            max(t.wall_h for t in trains),
+            sum(t.disk_gb for t in trains),
+            f"{len(trains)} runs; longest shown",
+            sum(t.gpu_hours for t in trains),
+        )
+    )
+    egpus = _eval_gpus(config, a)
+    ev = grid["eval"]
+    n_ckpt = len(G.eval_steps(config))
+    evals = []
+    for r in runs:
+        gen = generation_seconds(a, _hf(config, r.model), a["eval_problems"] * ev["n"], ev["max_new_tokens"], egpus)
+        evals.append((n_ckpt, a["engine_startup_s"] + gen))
+    jobs = sum(j for j, _ in evals)
+    rows.append(
+        Row(
+            "evaluate",
+            jobs,
+            egpus,
+            max(w for _, w in evals) / 3600,
+            _gb(jobs * a["eval_result_bytes"]),
+            f"{len(runs)} runs x {n_ckpt} checkpoints; longest shown",
+            sum(j * w for j, w in evals) * egpus / 3600,
+        )
+    )
+    rows.append(Row("aggregate", 1, 0, 0.25, 0.05, "local rule, CPU"))
+    return rows, trains
+
+
+def totals(rows: list[Row]) -> dict:
+    """The whole grid: GPU-hours and disk summed over rules; wall time with every job of a rule running at
+    once and the rules one after another (downloads, rank_train, the longest run, an evaluation, aggregate):
+    an upper bound on the critical path with unlimited GPUs (only the filtering run waits for rank_train)."""
+    by = {r.rule: r for r in rows}
+    path = ["data_download", "download_model", "rank_train", "train", "evaluate", "aggregate"]
+    return {
+        "gpu_hours": sum(r.gpu_hours for r in rows),
+        "disk_gb": sum(r.disk_gb for r in rows),
+        "critical_path_h": sum(by[name].wall_h for name in path if name in by),
+    }
+
+
+def slurm_runtimes(profile: str | Path) -> dict[str, float]:
+    """``runtime`` (minutes) per rule in a Snakemake SLURM profile (``set-resources``; ``default-resources``)."""
+    data = yaml.safe_load(Path(profile).read_text(encoding="utf-8")) or {}
+    default = (data.get("default-resources") or {}).get("runtime")
+    out = {
+        rule: float(res["runtime"])
+        for rule, res in (data.get("set-resources") or {}).items()
+        if isinstance(res, dict) and "runtime" in res
+    }
+    if default is not None:
+        out["*"] = float(default)
+    return out
+
+
+def check_runtimes(rows: list[Row], runtimes: dict[str, float]) -> list[str]:
+    """A warning per rule whose estimated wall time per job exceeds its SLURM ``runtime``."""
+    warnings = []
+    for r in rows:
+        limit = runtimes.get(r.rule, runtimes.get("*"))
+        if limit is not None and r.wall_h * 60 > limit:
+            warnings.append(
+                f"WARNING {r.rule}: a job needs ~{r.wall_h:.1f} h, its SLURM runtime is "
+                f"{limit / 60:.1f} h (set-resources.{r.rule}.runtime): it would be killed"
+            )
+    return warnings
+
+
+def slurm_gpus(profile: str | Path) -> dict[str, int]:
+    """``gpu`` per rule in a Snakemake SLURM profile's ``set-resources``."""
+    data = yaml.safe_load(Path(profile).read_text(encoding="utf-8")) or {}
+    return {
+        rule: int(res["gpu"])
+        for rule, res in (data.get("set-resources") or {}).items()
+        if isinstance(res, dict) and "gpu" in res
+    }
+
+
+def check_gpus(config: dict, gpus: dict[str, int]) -> list[str]:
+    """A warning per vLLM rule whose SLURM ``gpu`` is fewer than its engines need (grid.eval
+    ``data_parallel_size`` x ``tensor_parallel_size``): the job would fail when its engines start."""
+    ev = config["grid"]["eval"]
+    need = int(ev.get("data_parallel_size", 1)) * int(ev.get("tensor_parallel_size", 1))
+    return [
+        f"WARNING {rule}: grid.eval asks for {need} GPUs (data_parallel_size x tensor_parallel_size), the "
+        f"profile gives {gpus[rule]} (set-resources.{rule}.gpu)"
+        for rule in ("evaluate", "rank_train")
+        if rule in gpus and gpus[rule] < need
+    ]
+
+
+def render(rows: list[Row], trains: list[Row], overrides: dict | None = None) -> str:
+    """The plan as text: per rule, per training run, totals, then the assumptions with their sources."""
+    a = assumptions(overrides)
+    lines = [f"{'rule':<16}{'jobs':>6}{'GPUs/job':>10}{'wall h/job':>12}{'GPU-h':>12}{'disk GB':>10}  note"]
+    for r in rows:
+        lines.append(
+            f"{r.rule:<16}{r.jobs:>6}{r.gpus:>10g}{r.wall_h:>12.2f}{r.gpu_hours:>12.0f}{r.disk_gb:>10.1f}  {r.note}"
+        )
+    t = totals(rows)
+    lines.append(
+        f"{'total':<16}{'':>6}{'':>10}{t['critical_path_h']:>12.1f}{t['gpu_hours']:>12.0f}"
+        f"{t['disk_gb']:>10.1f}  wall: rules in sequence, unlimited GPUs (upper bound)"
+    )
+    lines += ["", "training runs:"] + [
+        f"  {tr.wall_h:7.1f} h  {tr.gpu_hours:7.0f} GPU-h  {tr.disk_gb:7.1f} GB  {tr.note}" for tr in trains
+    ]
+    lines += ["", "assumptions (override: --assume name=value):"]
+    for key, (value, source) in ASSUMPTIONS.items():
+        lines.append(f"  {key} = {a[key]:g}  ({source})" if a[key] != value else f"  {key} = {value}  ({source})")
+    lines += [f"  {k} = {v:g}  (given)" for k, v in a.items() if k.startswith("gen_tokens_per_s.")]
+    return "\n".join(lines)
+
+
+def load_config(paths: list[str]) -> dict:
+    """Config files layered as ``snakemake --configfile a b`` does: later keys deep-merged over earlier."""
+    merged: dict = {}
+    for path in paths:
+        merged = _merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    return merged
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in new.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_assume(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--assume {item!r}: expected name=value")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--assume {item!r}: {value!r} is not a number") from None
+        if not math.isfinite(out[key.strip()]):
+            raise ValueError(f"--assume {item!r}: not a finite number")
+    return out

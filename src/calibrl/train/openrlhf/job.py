@@ -1,0 +1,121 @@
+"""One paper-scale training job: the run's prompt file, its OpenRLHF command, the launch, and its metrics.
+
+``train`` is what ``calibrl.pipeline.train_job`` calls for ``trainer: openrlhf``, inside the run's lock and
+after ``calibrl.checkpoints.claim`` has stamped (or set aside) the run's checkpoints; the launcher resumes
+from the last Hugging Face checkpoint and writes the per-checkpoint markers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+from pathlib import Path
+
+from calibrl import filtering
+from calibrl.data.records import read_jsonl
+from calibrl.io import write_text
+from calibrl.train.openrlhf.data import LABEL_KEY, PROMPT_KEY, write_prompts
+
+log = logging.getLogger("calibrl.openrlhf")
+
+
+def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_dir: str) -> dict:
+    """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from a ``grid.train_params``
+    slice and the model's GPU layout; ``data_path`` is the run's prepared prompts, ``rows`` their number."""
+    method = {k: v for k, v in settings["method"].items() if k != "name"}
+    res = dict(layout)
+    nodes = int(res.pop("nodes", 1))
+    run = Path(run_dir).resolve()  # Ray actors run elsewhere: every path they get is absolute
+    memory = settings.get("memory")
+    return {
+        "name": settings["run"],
+        "model": settings["model"]["hf_id"],
+        "memory_model": memory["hf_id"] if memory else None,
+        "method": method,
+        "seed": settings["seed"],
+        "train": settings["train"],
+        "data": {
+            "train": str(Path(data_path).resolve()),
+            "train_size": int(rows),
+            "input_key": PROMPT_KEY,  # the template is already rendered into this field
+            "label_key": LABEL_KEY,
+            "prompt_template": "{problem}",
+            "chat_template": False,  # rendered already (prepare_data), with enable_thinking
+            "filtered_easiest": method["filter_easiest"],
+        },
+        "paths": {
+            "ckpt_dir": str(run / "ckpt" / "openrlhf"),
+            "log_dir": str(run / "tensorboard"),
+            "marker_dir": str(run / "ckpt"),
+        },
+        "resources": {"actor_nodes": nodes, "ref_nodes": 1, **res},
+    }
+
+
+def prepare_data(
+    settings: dict, train_path: str, out_path: str | Path, success_path: str | None = None, tokenizer=None
+) -> int:
+    """The run's training prompts for OpenRLHF, shuffled with the data seed (OpenRLHF's ``--data.max_samples``
+    takes a prefix), the filtering baseline's queries removed by their success rates from ``rank_job``, and
+    rendered through the model's chat template (``tokenizer``; loaded from the model when ``chat_template``
+    is set and none is given) exactly as evaluation renders them. Returns the number of rows."""
+    records = list(read_jsonl(train_path, on_error=settings["on_error"]))
+    random.Random(f"train-order:{settings['data_seed']}").shuffle(records)
+    if settings["chat_template"] and tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(settings["model"]["hf_id"])
+    share = settings["method"]["filter_easiest"]
+    keep = None
+    if share > 0:
+        if not success_path:
+            raise ValueError(
+                f"method {settings['method']['name']!r} filters (filter_easiest > 0) but no success rates were given"
+            )
+        by_id = json.loads(Path(success_path).read_text())["rates"]
+        missing = [r["id"] for r in records if r["id"] not in by_id]
+        if missing:
+            raise ValueError(f"{success_path}: no success rate for {len(missing)} training ids, e.g. {missing[:3]}")
+        rates = [by_id[r["id"]] for r in records]
+        keep = filtering.keep_indices(rates, share)
+        log.info("filtering baseline: %s", filtering.summary(rates, keep))
+    tokenizer = tokenizer if settings["chat_template"] else None
+    return write_prompts(records, settings["template"], out_path, keep, tokenizer, settings["enable_thinking"])
+
+
+def train(settings: dict, layout: dict, train_path: str, run_dir: str, success_path: str | None = None) -> None:
+    """Launch OpenRLHF for one run inside a private Ray cluster spanning the run's SLURM allocation, then turn
+    its TensorBoard scalars into the run's ``metrics.jsonl``."""
+    from calibrl.train.openrlhf.command import build_command
+
+    data_path = Path(run_dir) / "train_prompts.jsonl"
+    rows = prepare_data(settings, train_path, data_path, success_path)
+    run = openrlhf_run(settings, layout, str(data_path), rows, run_dir)
+    # Every run gets a Ray cluster of its own with token authentication (ray_cluster.sh), one node or several:
+    # a bare ray.init() would start an open one. Inside the executor's job step SLURM_GPUS_ON_NODE is that
+    # step's count, so the layout's GPUs per node are passed on.
+    argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *build_command(run)]
+    env = dict(os.environ)
+    if "gpus_per_node" in layout:
+        env["RAY_GPUS_PER_NODE"] = str(int(layout["gpus_per_node"]))
+    log.info("launching: %s", " ".join(argv))
+    subprocess.run(argv, check=True, env=env)
+    tensorboard_metrics(run["paths"]["log_dir"], Path(run_dir) / "metrics.jsonl")
+
+
+def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
+    """OpenRLHF's TensorBoard scalars as the project's metrics.jsonl (one line per step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows: dict[int, dict] = {}
+    for events in sorted(Path(log_dir).rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            name = tag.split("/")[-1]
+            for ev in acc.Scalars(tag):
+                rows.setdefault(int(ev.step), {"step": int(ev.step)})[name] = float(ev.value)
+    write_text(out_path, "".join(json.dumps(rows[k]) + "\n" for k in sorted(rows)))

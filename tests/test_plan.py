@@ -1,0 +1,156 @@
+"""The planner (``calibrl plan``): sizes from the Qwen3 configs, totals that are sums, costs that scale with
+steps and samples, and SLURM runtimes checked against the per-job estimates."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from calibrl import plan as P
+from calibrl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+
+
+def _rows(config, **overrides):
+    rows, trains = P.plan(config, overrides)
+    return {r.rule: r for r in rows}, trains
+
+
+@pytest.mark.parametrize("hf_id", ["Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B"])
+def test_parameter_counts_are_those_of_the_real_model_class(hf_id):
+    """The formula against transformers' Qwen3ForCausalLM built (on the meta device) from the same config."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    c = P.QWEN3[hf_id]
+    config = Qwen3Config(
+        vocab_size=P.VOCAB,
+        hidden_size=c["hidden"],
+        intermediate_size=c["inter"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["kv_heads"],
+        head_dim=P.HEAD_DIM,
+        tie_word_embeddings=c["tied"],
+    )
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    real = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
+    assert P.parameters(hf_id) == real
+    assert P.kv_bytes_per_token(hf_id) == 2 * c["layers"] * c["kv_heads"] * 128 * 2
+
+
+def test_the_paper_grid_is_planned_rule_by_rule():
+    rows, trains = _rows(PAPER)
+    assert list(rows) == ["data_download", "download_model", "rank_train", "train", "evaluate", "aggregate"]
+    assert rows["data_download"].jobs == 7  # DeepScaleR + six benchmarks
+    assert rows["download_model"].jobs == 4  # 4B, 8B, 14B and DLC's 1.7B memory
+    assert rows["rank_train"].jobs == 1  # only qwen3-8b runs the filtering baseline
+    assert rows["train"].jobs == len(trains) == 22
+    assert rows["evaluate"].jobs == 880  # 22 runs x 40 checkpoints
+    # model downloads: the four checkpoints in bf16, from the configs' parameter counts
+    ids = ["Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"]
+    assert rows["download_model"].disk_gb == pytest.approx(sum(P.parameters(i) * 2 for i in ids) / 1e9)
+    # an 8B run keeps 40 HF checkpoints (8.19e9 x 2 bytes) and one DeepSpeed state (14 bytes per parameter)
+    grpo8 = next(t for t in trains if t.note.startswith("qwen3-8b/grpo/"))
+    assert grpo8.disk_gb == pytest.approx(P.parameters("Qwen/Qwen3-8B") * (40 * 2 + 14) / 1e9)
+    assert grpo8.gpus == 8 and next(t for t in trains if "qwen3-14b" in t.note).gpus == 16
+    # DLC and DAPO cost more than the plain run on the same model
+    dlc = next(t for t in trains if "dapo_iac_dlc" in t.note)
+    dapo = next(t for t in trains if t.note.startswith("qwen3-8b/dapo/"))
+    assert dlc.wall_h > dapo.wall_h > grpo8.wall_h
+
+
+def test_totals_are_sums_of_the_rules():
+    rows, trains = P.plan(PAPER)
+    by = {r.rule: r for r in rows}
+    t = P.totals(rows)
+    assert t["gpu_hours"] == pytest.approx(sum(r.gpu_hours for r in rows))
+    assert t["disk_gb"] == pytest.approx(sum(r.disk_gb for r in rows))
+    assert by["train"].gpu_hours == pytest.approx(sum(tr.gpu_hours for tr in trains))
+    assert by["train"].disk_gb == pytest.approx(sum(tr.disk_gb for tr in trains))
+    assert by["train"].wall_h == max(tr.wall_h for tr in trains)
+    assert t["critical_path_h"] == pytest.approx(sum(r.wall_h for r in rows))
+    # every evaluation of one model costs the same: the summed GPU-hours are per-model job counts x wall
+    assert by["evaluate"].gpu_hours <= by["evaluate"].jobs * by["evaluate"].wall_h * by["evaluate"].gpus
+
+
+def test_costs_scale_with_steps_and_samples():
+    a = P.assumptions()
+    base, base_trains = _rows(PAPER)
+    longer = copy.deepcopy(PAPER)
+    longer["grid"]["train"]["steps"] = 4000
+    rows, trains = _rows(longer)
+    startup = a["engine_startup_s"] / 3600
+    for b, t in zip(base_trains, trains):
+        assert t.wall_h - startup == pytest.approx(2 * (b.wall_h - startup))
+    assert rows["evaluate"].jobs == 2 * base["evaluate"].jobs  # twice the checkpoints at eval_every 50
+    more = copy.deepcopy(PAPER)
+    more["grid"]["eval"]["n"] = 16
+    rows, _ = _rows(more)
+    assert rows["evaluate"].wall_h - startup == pytest.approx(2 * (base["evaluate"].wall_h - startup))
+    assert rows["train"].gpu_hours == pytest.approx(base["train"].gpu_hours)  # training untouched
+    # data-parallel evaluation engines divide the wall time, not the GPU-hours (up to the start-up)
+    dp = copy.deepcopy(PAPER)
+    dp["grid"]["eval"]["data_parallel_size"] = 8
+    rows, _ = _rows(dp)
+    assert rows["evaluate"].gpus == 8
+    assert rows["evaluate"].wall_h - startup == pytest.approx((base["evaluate"].wall_h - startup) / 8)
+    # a measured throughput replaces the formula for that model
+    fast, _ = _rows(
+        PAPER,
+        **{
+            "gen_tokens_per_s.Qwen/Qwen3-14B": 1e9,
+            "gen_tokens_per_s.Qwen/Qwen3-8B": 1e9,
+            "gen_tokens_per_s.Qwen/Qwen3-4B": 1e9,
+        },
+    )
+    assert fast["evaluate"].gpu_hours < base["evaluate"].gpu_hours / 5
+    with pytest.raises(ValueError, match="unknown planner assumption 'gpu_tflops'"):
+        P.plan(PAPER, {"gpu_tflops": 1})
+
+
+def test_slurm_runtimes_are_checked_against_the_estimates(tmp_path):
+    rows, _ = P.plan(PAPER)
+    by = {r.rule: r for r in rows}
+    runtimes = P.slurm_runtimes(ROOT / "slurm" / "config.yaml")
+    assert runtimes["evaluate"] > 0 and "*" in runtimes
+    generous = {rule: by[rule].wall_h * 60 + 1 for rule in by} | {"*": 1e9}
+    assert P.check_runtimes(rows, generous) == []
+    tight = {**generous, "evaluate": by["evaluate"].wall_h * 60 - 1}
+    (warning,) = P.check_runtimes(rows, tight)
+    assert warning.startswith("WARNING evaluate:") and "set-resources.evaluate.runtime" in warning
+    # the default runtime covers rules the profile does not name
+    assert len(P.check_runtimes(rows, {"*": 0.001})) == sum(r.wall_h > 0 for r in rows)
+
+
+def test_gpu_requests_of_the_vllm_rules_are_checked():
+    gpus = P.slurm_gpus(ROOT / "slurm" / "config.yaml")
+    # the vLLM rules ask for `gpu`; train asks for whole nodes (`gres: gpu:8` per node), not read here
+    assert gpus["evaluate"] >= 1 and gpus["rank_train"] >= 1
+    assert P.check_gpus(PAPER, {"evaluate": 1, "rank_train": 1}) == []  # one engine on one GPU
+    dp = copy.deepcopy(PAPER)
+    dp["grid"]["eval"].update(data_parallel_size=4, tensor_parallel_size=2)
+    warnings = P.check_gpus(dp, {"evaluate": 8, "rank_train": 1})
+    assert len(warnings) == 1 and "set-resources.rank_train.gpu" in warnings[0] and "asks for 8 GPUs" in warnings[0]
+
+
+def test_the_plan_command(tmp_path, capsys):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"set-resources": {"evaluate": {"runtime": 1}}}))
+    assumptions = tmp_path / "a.yaml"
+    assumptions.write_text("train_mfu: 0.5\n")
+    args = ["plan", "--configfile", str(ROOT / "config" / "paper.yaml"), "--profile", str(profile)]
+    assert main([*args, "--assumptions", str(assumptions), "--assume", "gen_mfu=0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "evaluate" in out and "880" in out and "total" in out
+    assert "train_mfu = 0.5" in out and "gen_mfu = 0.2" in out
+    assert "WARNING evaluate" in out and "WARNING train" not in out
+    assert "NOTE models without a pinned revision" in out and "'qwen3-1.7b'" in out
+    assert main([*args, "--assume", "gen_mfu"]) == 2
+    assert "expected name=value" in capsys.readouterr().err
