@@ -1,6 +1,7 @@
 # calibrl: reproduce "When Sharpening Becomes Collapse" (arXiv 2601.15609).
 #
 #   snakemake --cores 2             the embedded default (config/config.yaml), CPU only
+#   snakemake --cores 2 --configfile .test/config.yaml    the micro grid (a minute or two; what the tests run)
 #   snakemake --cores 2 toy         only the softmax experiments (Figures 1-5)
 #   snakemake --report results/report.html   the self-contained report of a finished run
 #
@@ -11,7 +12,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default, unless config files are named on the command line: then they are the whole config
+# (`--configfile config/paper.yaml` is the paper's grid, not the paper's keys merged into the default's;
+# layer several with `--configfile config/config.yaml my_changes.yaml`).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"
@@ -20,6 +26,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/toy.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/models.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
@@ -31,3 +38,4 @@ rule all:
         rules.toy.input,
         rules.aggregate.output,
         rules.grid_mlflow.output,
+        MODEL_INFOS,

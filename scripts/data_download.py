@@ -5,5 +5,4 @@ from calibrl.pipeline import download_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])
-    out = snakemake.output
-    download_job(snakemake.params.data, snakemake.wildcards.split, out.data, out.manifest)
+    download_job(snakemake.params.data, snakemake.output.data, snakemake.output.manifest)

@@ -7,8 +7,18 @@ from calibrl.pipeline import evaluate_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])
-    splits = dict(zip(snakemake.params.split_names, snakemake.input.splits))
+    p = snakemake.params
+    splits = dict(zip(p.split_names, snakemake.input.splits))
     markers = snakemake.input.markers
     markers = [markers] if isinstance(markers, str) else list(markers)
-    steps = [int(step) for step in snakemake.params.steps]
-    evaluate_job(snakemake.params.grid, markers, splits, list(snakemake.output), steps, snakemake.threads)
+    steps = [int(step) for step in p.steps]
+    evaluate_job(
+        p.settings,
+        snakemake.input.settings,
+        markers,
+        splits,
+        list(snakemake.output),
+        steps,
+        snakemake.threads,
+        snakemake.resources.grading_workers,
+    )

@@ -5,16 +5,15 @@ from calibrl.pipeline import train_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])
-    wc, inp = snakemake.wildcards, snakemake.input
+    inp, params = snakemake.input, snakemake.params
     train_job(
-        snakemake.params.grid,
-        wc.model,
-        wc.method,
-        int(wc.seed),
+        inp.settings,
+        params.run_dir,
         inp.train,
-        inp.get("init"),  # tiny models only: the paper's Hub models need no warm start
-        snakemake.params.run_dir,
-        inp.get("memory"),
-        snakemake.threads,
+        init_info=inp.get("init"),  # tiny models only: the paper's Hub models need no warm start
+        memory_info=inp.get("memory"),
         success_path=inp.get("success"),  # paper scale, filtering baseline: rank_train's success rates
+        layout=params.layout,
+        threads=snakemake.threads,
+        workers=snakemake.resources.grading_workers,
     )

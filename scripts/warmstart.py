@@ -6,6 +6,4 @@ from calibrl.pipeline import warmstart_job
 if __name__ == "__main__":
     setup(snakemake.log[0])
     out = snakemake.output
-    warmstart_job(
-        snakemake.params.grid, snakemake.wildcards.model, snakemake.input.train, out.model, out.info, snakemake.threads
-    )
+    warmstart_job(snakemake.params.settings, snakemake.input.train, out.model, out.info, snakemake.threads)

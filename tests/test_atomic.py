@@ -1,7 +1,11 @@
-"""Nothing half-written is trusted: an evaluation or an aggregation killed (SIGKILL) at a random moment leaves
+"""Nothing half-written is trusted: an evaluation or an aggregation killed (SIGKILL) at a chosen moment leaves
 each of its output files either complete (byte-identical to an uninterrupted run) or absent, and a rerun
 gives exactly the uninterrupted result. Only hidden ``.<name>.*.tmp`` files may be left, which no rule
-declares."""
+declares.
+
+Kill moments are events, not delays, so every test exercises what it claims however loaded the machine is:
+the k-th output file appearing (complete files are left behind), a hidden temporary appearing (a write is
+under way), or the job having started (nothing is left yet)."""
 
 import json
 import os
@@ -16,9 +20,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, fake_run_results, load_config
 
+from calibrl import checkpoints
+from calibrl import grid as G
 from calibrl.data import countdown
 from calibrl.data.records import write_jsonl
 from calibrl.models import build_model, build_tokenizer, save
+
+pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
 KILLS_PER_JOB = 5
 RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m", "grpo", 1)]
@@ -32,36 +40,69 @@ def grid_config() -> dict:
     return grid
 
 
+JOBS = {"evaluate": "calibrl.pipeline", "aggregate": "calibrl.report.jobs"}
+
+
 def job_script(kind: str, args: dict) -> list[str]:
-    """A subprocess running one job of the pipeline (grading workers need a real __main__ module)."""
+    """A subprocess running one job as its rule does (grading workers need a real __main__ module)."""
     code = (
         "import json, sys\n"
-        "from calibrl import pipeline\n"
+        f"from {JOBS[kind]} import {kind}_job\n"
         "if __name__ == '__main__':\n"
-        f"    a = json.loads(sys.argv[1])\n"
-        f"    pipeline.{kind}_job(**a)\n"
+        f"    {kind}_job(**json.loads(sys.argv[1]))\n"
     )
     return [sys.executable, "-c", code, json.dumps(args)]
 
 
 def files(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` except the hidden temporaries of calibrl.io.atomic_path (the folder's own
-    path, which some outputs name, replaced so that two folders compare)."""
-    prefix = str(root.parent).encode()
+    """Every output file under ``root`` (not the inputs under ``runs/``), except the hidden temporaries of
+    calibrl.io.atomic_path (the folder's own path, which some outputs name, replaced so that two folders
+    compare)."""
+    prefix = str(root).encode()
     return {
         str(p.relative_to(root)): p.read_bytes().replace(prefix, b"<root>")
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+        if p.is_file()
+        and p.relative_to(root).parts[0] != "runs"
+        and not (p.name.startswith(".") and p.name.endswith(".tmp"))
     }
 
 
-def kill_and_rerun(
-    cmd: list[str], out: Path, reference: dict[str, bytes], seconds: float, rng: random.Random, rerun: bool
-) -> int:
-    """SIGKILL ``cmd`` after a random delay, check what it left; then (``rerun``) rerun it, check the result."""
+def clear_outputs(root: Path) -> None:
+    """What Snakemake does before running a job: its outputs go (here: everything but the inputs, runs/)."""
+    for p in root.iterdir() if root.exists() else []:
+        if p.name != "runs":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def written(out: Path) -> int:
+    return len(files(out)) if out.exists() else 0
+
+
+def writing(out: Path) -> bool:
+    return out.exists() and any(p.name.startswith(".") and p.name.endswith(".tmp") for p in out.rglob("*"))
+
+
+def moments(total: int, rng: random.Random) -> list[tuple[str, object]]:
+    """KILLS_PER_JOB kill events for a job that writes ``total`` files: after the k-th file (random k), during a
+    write, and once at start-up; each is a predicate on the output folder."""
+    events = [("start", lambda out: True), ("mid-write", writing)]
+    while len(events) < KILLS_PER_JOB:
+        k = rng.randint(1, total - 1)
+        events.append((f"after file {k}", lambda out, k=k: written(out) >= k))
+    rng.shuffle(events)
+    return events
+
+
+def kill_and_rerun(cmd: list[str], out: Path, reference: dict[str, bytes], event, rerun: bool) -> int | None:
+    """SIGKILL ``cmd`` once ``event(out)`` holds, check what it left; then (``rerun``) rerun it, check the result.
+    Returns how many complete files were left, or None when the job finished before the event."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(rng.uniform(0.3 * seconds, seconds))  # the first ~30% is Python start-up and imports
-    os.killpg(proc.pid, signal.SIGKILL)
+    while not event(out) and proc.poll() is None:
+        time.sleep(0.002)
+    finished = proc.poll() is not None
+    if not finished:
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     left = files(out)
     for name, data in left.items():
@@ -71,7 +112,7 @@ def kill_and_rerun(
         done = subprocess.run(cmd, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         assert files(out) == reference
-    return len(left)
+    return None if finished else len(left)
 
 
 @pytest.fixture(scope="module")
@@ -84,79 +125,72 @@ def checkpoint(tmp_path_factory):
     for name, n in (("test", 24), ("ood", 8)):
         splits[name] = str(root / f"{name}.jsonl")
         write_jsonl(splits[name], countdown.generate(name, n, seed=1))
+    settings = root / "settings.json"
+    stamp = checkpoints.stamp({"run": "qwen3-tiny-m/grpo/s0"}, {})
+    settings.write_text(json.dumps(stamp))
     markers = []
     for step in (2, 4, 6):
         marker = root / f"step_{step}.done"
-        marker.write_text(json.dumps({"step": step, "policy": str(root / "policy")}))
+        content = {"step": step, "policy": str(root / "policy"), "fingerprint": stamp["fingerprint"]}
+        marker.write_text(json.dumps(content))
         markers.append(str(marker))
-    return root, markers, splits
+    return root, settings, markers, splits
 
 
 def test_interrupted_evaluation_leaves_complete_files_or_none(checkpoint, tmp_path):
-    root, markers, splits = checkpoint
+    root, settings, markers, splits = checkpoint
     grid = grid_config()
+    params = G.eval_params({"grid": grid})
 
     def args(out: Path) -> dict:
         outs = [str(out / f"step_{s}.json") for s in (2, 4, 6)]
-        return dict(grid=grid, markers=markers, split_paths=splits, out_paths=outs, steps=[2, 4, 6])
+        steps = [2, 4, 6]
+        return dict(params=params, settings_path=str(settings), markers=markers, split_paths=splits, out_paths=outs,
+                    steps=steps)  # fmt: skip
 
     ref_dir = tmp_path / "reference"
-    start = time.monotonic()
     subprocess.run(job_script("evaluate", args(ref_dir)), check=True, capture_output=True)
-    seconds = time.monotonic() - start
     reference = files(ref_dir)
     assert sorted(reference) == ["step_2.json", "step_4.json", "step_6.json"]
 
-    rng = random.Random(0)
     out = tmp_path / "killed"
-    left = []
-    for i in range(KILLS_PER_JOB):
+    left = {}
+    for i, (name, event) in enumerate(moments(len(reference), random.Random(0))):
         shutil.rmtree(out, ignore_errors=True)  # Snakemake removes a job's outputs before running it
-        last = i == KILLS_PER_JOB - 1
-        left.append(kill_and_rerun(job_script("evaluate", args(out)), out, reference, seconds, rng, rerun=last))
-    assert max(left) > 0  # some kill landed after a file was written, so the check had work to do
+        cmd = job_script("evaluate", args(out))
+        left[name] = kill_and_rerun(cmd, out, reference, event, rerun=i == KILLS_PER_JOB - 1)
+    after = [n for k, n in left.items() if k.startswith("after file")]
+    assert after and all(n is not None and n >= 1 for n in after), left  # complete files were there to check
 
 
 def aggregate_args(res: Path) -> dict:
-    """Arguments of ``pipeline.aggregate_job`` over fake results under ``res`` (made on first use)."""
+    """Arguments of ``calibrl.report.jobs.aggregate_job`` over fake results under ``res/runs`` (made on first
+    use); its outputs go beside them, under ``res``."""
     grid = grid_config()
     grid["data"]["eval_splits"] = ["test"]
     if not (res / "runs").exists():
         fake_run_results(res, RUNS, k=4)
     evals = sorted(str(p) for p in (res / "runs").rglob("eval/step_*.json"))
     metrics = sorted(str(p) for p in (res / "runs").rglob("metrics.jsonl"))
-    out = res / "out"
-    return dict(
-        grid=grid,
-        eval_paths=evals,
-        metric_paths=metrics,
-        root=str(res),
-        out_dir=str(out),
-        store_dir=None,
-        experiment=None,
-        done_path=str(out / "aggregate.json"),
-    )
+    return dict(grid=grid, eval_paths=evals, metric_paths=metrics, root=str(res), done_path=str(res / "aggregate.json"))
 
 
 def test_interrupted_aggregation_leaves_complete_files_or_none(tmp_path):
     args = aggregate_args
 
     ref = tmp_path / "reference"
-    start = time.monotonic()
     subprocess.run(job_script("aggregate", args(ref)), check=True, capture_output=True)
-    seconds = time.monotonic() - start
-    reference = files(ref / "out")
+    reference = files(ref)
     assert "aggregate.json" in reference and "summary.md" in reference
 
-    rng = random.Random(1)
     res = tmp_path / "killed"
-    left = []
-    for i in range(KILLS_PER_JOB):
-        shutil.rmtree(res / "out", ignore_errors=True)
-        last = i == KILLS_PER_JOB - 1
+    left = {}
+    for i, (name, event) in enumerate(moments(len(reference), random.Random(1))):
+        clear_outputs(res)
         cmd = job_script("aggregate", args(res))
-        left.append(kill_and_rerun(cmd, res / "out", reference, seconds, rng, rerun=last))
-    assert max(left) > 0
+        left[name] = kill_and_rerun(cmd, res, reference, event, rerun=i == KILLS_PER_JOB - 1)
+    after = [n for k, n in left.items() if k.startswith("after file")]
+    assert after and all(n is not None and n >= 1 for n in after), left
 
 
 def test_remove_temporaries_takes_only_what_killed_writes_leave(tmp_path):
@@ -182,7 +216,7 @@ def test_aggregation_lists_no_temporary_left_by_a_killed_run(tmp_path):
     """A killed aggregation can leave a hidden temporary among the tables; the rerun's aggregate.json lists the
     tables, and must not list it (found by the kill test above when a kill landed mid-write)."""
     args = aggregate_args(tmp_path)
-    tables = Path(args["out_dir"]) / "tables"
+    tables = Path(args["root"]) / "tables"
     tables.mkdir(parents=True)
     (tables / ".table5_vs_paper.md.x1y2.tmp").write_text("half a table")
     subprocess.run(job_script("aggregate", args), check=True, capture_output=True)

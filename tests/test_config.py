@@ -49,11 +49,12 @@ def test_paper_grid_plans_every_run_and_checkpoint(workflow_dir):
     from conftest import REPO
 
     shutil.copytree(REPO / "slurm", workflow_dir / "slurm")
-    proc = snakemake(workflow_dir, "-n", "--configfile", "config/paper.yaml", "--replace-workflow-config")
+    # a config file named on the command line is the whole config: no embedded default merged underneath
+    proc = snakemake(workflow_dir, "-n", "--configfile", "config/paper.yaml")
     out = proc.stdout
     counts = dict(line.split()[:2] for line in out[out.index("Job stats") :].splitlines()[3:] if len(line.split()) == 2)
     # 5 methods x 3 models (Tables 2, 3) + DAPO, DAPO+IAC, DAPO+IAC+DLC (Table 4) + 4 alpha/filter (Table 5)
-    assert counts["train"] == "22"
+    assert counts["train"] == counts["run_settings"] == "22"
     assert counts["evaluate"] == str(22 * 40)  # every 50 steps of 2000
     assert counts["data_download"] == "7"  # DeepScaleR and the six benchmarks
     assert counts["aggregate"] == "1"

@@ -6,7 +6,8 @@ and the sampling RNG).
 Each chain runs one job (``python -c`` calling ``calibrl.pipeline.train_job``, as the rule's script does) and
 kills it several times before letting it finish; the kill moments are drawn from a seeded RNG:
 
-* ``start``: a random delay from launch (imports, grading workers, the filtering baseline's ranking, first steps);
+* ``start``: a random delay after the job has claimed its run folder (grading workers, the filtering
+  baseline's ranking, first steps);
 * ``step``: a random number of completed checkpoints, then a random part of a training step;
 * ``write``: the moment a chosen checkpoint's folder appears, i.e. in the middle of its write.
 
@@ -38,10 +39,14 @@ import torch
 from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, snakemake, write_config
 from safetensors.torch import load_file
 
+from calibrl import grid as G
 from calibrl.data import countdown
 from calibrl.data.records import write_jsonl
 from calibrl.models import build_model, build_tokenizer, save
+from calibrl.pipeline import settings_job
 from calibrl.train.warmstart import warmstart
+
+pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
 STEPS = 10
 # (method, signal, kills in the chain, seed of the kill moments): 4 x 4 + 4 x 3 = 28 kill points
@@ -160,15 +165,18 @@ def setup(tmp_path_factory):
 
 
 def job(grid: dict, method: str, run_dir: Path, train: Path, infos: dict) -> list[str]:
+    """The train job's command, after the run's settings.json is made as rule run_settings makes it."""
+    memory = str(infos["memory"]) if grid["methods"][method].get("dlc_mu") else None
+    settings = run_dir / "settings.json"
+    if not settings.exists():
+        params = G.train_params({"grid": grid}, G.Run("qwen3-tiny-m", method, 0))
+        settings_job(params, str(settings), str(train), str(infos["policy"]), memory)
     args = {
-        "grid": grid,
-        "model": "qwen3-tiny-m",
-        "method": method,
-        "seed": 0,
+        "settings_path": str(settings),
+        "run_dir": str(run_dir),
         "train_path": str(train),
         "init_info": str(infos["policy"]),
-        "run_dir": str(run_dir),
-        "memory_info": str(infos["memory"]) if grid["methods"][method].get("dlc_mu") else None,
+        "memory_info": memory,
     }
     code = (  # grading workers re-import __main__: the job runs under the guard, as the rule scripts do
         "import json, sys\n"
@@ -208,9 +216,14 @@ def kill_moment(rng: random.Random, run_dir: Path, first: bool):
     kind = rng.choice(kinds)
     if kind == "step" and done + 1 > STEPS - 2:
         kind = "write"
-    if kind == "start":
-        delay = rng.uniform(0.5, 4.0)
-        return kind, lambda proc: poll(proc, lambda: False, 0.01, delay)
+    if kind == "start":  # event: the job has claimed its run folder (calibrl.checkpoints.claim)
+        delay = rng.uniform(0.0, 1.5)
+
+        def wait(proc):
+            poll(proc, lambda: (run_dir / "ckpt" / "fingerprint.json").exists(), 0.005)
+            time.sleep(delay)
+
+        return kind, wait
     if kind == "step":
         target, extra = rng.randint(done + 1, min(done + 2, STEPS - 2)), rng.uniform(0.0, 0.04)
 

@@ -25,8 +25,10 @@ LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
 OVERLAY = REPO / "tests" / "slurm_overlay.yaml"
 PROFILE = ["--profile", "slurm", "--profile", str(OVERLAY)]
 # Jobs that go through sbatch; aggregate and toy_mlflow are local rules and run in Snakemake itself.
-REMOTE_RULES = {"toy_figure": 5, "data_synthetic": 1, "toy_verdicts": 1, "warmstart": 1, "train": 1, "evaluate": 1}
-LOCAL_RULES = {"aggregate", "toy_mlflow"}
+REMOTE_RULES = {"toy_figure": 5, "data_synthetic": 3, "toy_verdicts": 1, "warmstart": 1, "train": 1, "evaluate": 1}
+LOCAL_RULES = {"aggregate", "toy_mlflow", "grid_mlflow", "run_settings"}
+# The profile runs every SLURM job in the cluster's GPU venv (its precommand); here that is this interpreter's.
+JOB_ENV = {**os.environ, "CALIBRL_GPU_VENV": sys.prefix}
 
 
 def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
@@ -44,7 +46,7 @@ def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
 
 
 def snakemake_slurm(workdir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    return run([*SNAKEMAKE, *PROFILE, *args], cwd=workdir, timeout=timeout)
+    return run([*SNAKEMAKE, *PROFILE, *args], cwd=workdir, timeout=timeout, env=JOB_ENV)
 
 
 # ----------------------------------------------------------------------------------------- cluster
@@ -114,10 +116,7 @@ def slurm_workflow(tmp_path: Path) -> Path:
     workdir = copy_workflow(tmp_path)
     shutil.copytree(REPO / "slurm", workdir / "slurm")  # `--profile slurm` looks in the working directory
     cfg = micro_config(workdir)
-    # --configfile merges into config/config.yaml key by key and cannot remove the second model or the
-    # memory model, so the copy's embedded default is the micro config too.
-    write_config(workdir / "config" / "config.yaml", cfg)
-    write_config(workdir / "micro.yaml", cfg)
+    write_config(workdir / "micro.yaml", cfg)  # a named config file is the whole config
     return workdir
 
 
@@ -157,7 +156,8 @@ def test_workflow_runs_through_sbatch(local_slurm, slurm_workflow):
     if show:  # slurmctld forgets finished jobs after MinJobAge (300 s)
         assert "Partition=cpu" in show and "mem=1500M" in show and "gres/gpu" not in show, show
 
-    # Up to date, and editing a grid value (a param of train) does not retrain: rerun-triggers mtime, input.
+    # Up to date; under the profile's rerun triggers a setting that changes no result (grading workers)
+    # reruns nothing, and a training setting retrains the run (its params are the run's slice only).
     again = snakemake_slurm(wd, "--configfile", "micro.yaml", "-n", timeout=120)
     assert "Nothing to be done" in again.stdout + again.stderr
     edited = micro_config(wd)
@@ -165,11 +165,10 @@ def test_workflow_runs_through_sbatch(local_slurm, slurm_workflow):
     write_config(wd / "micro_edited.yaml", edited)
     kept = snakemake_slurm(wd, "--configfile", "micro_edited.yaml", "-n", timeout=120)
     assert "Nothing to be done" in kept.stdout + kept.stderr, kept.stdout[-3000:]
-    # (Snakemake's default triggers would retrain: the same dry run with the params trigger plans train.)
-    default = snakemake_slurm(
-        wd, "--configfile", "micro_edited.yaml", "-n", "--rerun-triggers", "mtime", "input", "params", timeout=120
-    )
-    assert re.search(r"^train\s+1$", default.stdout, re.M), default.stdout[-3000:]
+    edited["grid"]["train"]["lr"] = 0.001
+    write_config(wd / "micro_lr.yaml", edited)
+    retrain = snakemake_slurm(wd, "--configfile", "micro_lr.yaml", "-n", timeout=120)
+    assert re.search(r"^train\s+1$", retrain.stdout, re.M), retrain.stdout[-3000:]
 
 
 # ---------------------------------------------------------------------------------------- retries
@@ -241,6 +240,7 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
     proc = subprocess.Popen(
         [*SNAKEMAKE, *PROFILE, *evals, "--configfile", "long.yaml"],
         cwd=wd,
+        env=JOB_ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,46 +1,53 @@
-"""A micro version of the embedded grid end to end through Snakemake: data, warm start, every method of
-Tables 2-5 and Figure 6 (one model plus a DLC memory), checkpoint evaluation, tables and MLflow."""
+"""The micro grid (.test/config.yaml) end to end through Snakemake: data, warm start, every method of
+Tables 2-5 and Figure 6 (one model plus a DLC memory), checkpoint evaluation, tables and MLflow; then what a
+rerun after a config change redoes (issue 14): exactly the jobs that read the changed setting."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pandas as pd
-from conftest import load_config, snakemake, write_config
+import pytest
+import yaml
+from conftest import copy_workflow, snakemake
 from mlflow.tracking import MlflowClient
 
+from calibrl import grid as G
 
-def micro_config(workdir):
-    cfg = load_config(workdir)
-    cfg["toy"].update(steps=20, seeds=4, record_every=10)
-    grid = cfg["grid"]
-    grid["data"]["splits"] = {"train": 48, "test": 8, "ood": 4}
-    grid["models"] = {
-        "qwen3-tiny-m": {**grid["models"]["qwen3-tiny-m"], "hidden_size": 32, "num_layers": 1, "intermediate_size": 64}
-    }
-    grid["warmstart"].update(steps=20, batch_size=16)
-    grid["train"].update(steps=4, eval_every=2, prompts_per_step=4, group_size=4, filter_samples=2)
-    grid["eval"]["n"] = grid["eval"]["k"] = 4
-    grid["extra_seeds"] = {"grpo": [1]}
-    # One run of each kind (`make run` does the full grid): baselines, IAC, the filtering baseline, DAPO,
-    # DAPO+IAC+DLC with its memory model, and a second seed.
-    grid["tables"] = {
-        "table2_3": ["grpo", "iac"],
-        "table4": ["dapo", "iac", "dapo_iac_dlc"],
-        "table5": ["grpo", "iac", "filter"],
-        "figure6": ["dapo", "dapo_iac_dlc"],
-    }
-    return cfg
+MICRO = ".test/config.yaml"
+pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
 
-def test_micro_grid_end_to_end(workflow_dir):
-    cfg = micro_config(workflow_dir)
-    # The micro config replaces the default (a --configfile would merge into it and keep its second model).
-    write_config(workflow_dir / "config" / "config.yaml", cfg)
-    plan = snakemake(workflow_dir, "-n")
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished micro grid, as a user runs it: ``snakemake --cores 2 --configfile .test/config.yaml``."""
+    work = copy_workflow(tmp_path_factory.mktemp("grid"))
+    plan = snakemake(work, "-n", "--configfile", MICRO)
+    snakemake(work, "--cores", "2", "--configfile", MICRO)
+    return work, plan
+
+
+def planned(work, *configs: str) -> dict[str, int]:
+    """Jobs per rule that ``snakemake -n`` plans with these config files (from its job stats table)."""
+    out = snakemake(work, "-n", "--configfile", MICRO, *configs)
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
+
+
+def overlay(work, name: str, grid: dict) -> str:
+    (work / name).write_text(yaml.safe_dump({"grid": grid}))
+    return name
+
+
+def test_micro_grid_end_to_end(finished):
+    workflow_dir, plan = finished
+    cfg = yaml.safe_load((workflow_dir / MICRO).read_text())
     runs = {"grpo", "iac", "dapo", "dapo_iac_dlc", "filter"}
-    snakemake(workflow_dir, "--cores", "2")
-    res = workflow_dir / "results"
+    res = workflow_dir / cfg["results"]
     for method in runs:
         for step in (2, 4):
             ev = json.loads((res / "runs" / "qwen3-tiny-m" / method / "s0" / "eval" / f"step_{step}.json").read_text())
@@ -55,13 +62,26 @@ def test_micro_grid_end_to_end(workflow_dir):
     assert (res / "figures" / "figure6_entropy.png").stat().st_size > 0
     summary = (res / "summary.md").read_text()
     assert "IAC above grpo" in summary and "Seed noise" in summary
+    # every claim of Tables 2-5, Figure 6 and the toy, with its interval and verdict
+    claims = pd.read_csv(res / "claims.csv")
+    assert {"claim", "estimate", "ci_low", "ci_high", "seeds", "verdict"} <= set(claims.columns)
+    assert set(claims["verdict"]) <= {"holds", "contradicted", "inconclusive"}
+    assert set(claims["source"]) >= {"table2/3/5 (alpha 1 vs 0)", "table4", "table5", "figure6", "toy"}
+    grpo_iac = claims[claims["claim"] == "IAC above grpo (AVG@4, qwen3-tiny-m)"].iloc[0]
+    assert grpo_iac["seeds"] == 1 and grpo_iac["verdict"] == "inconclusive"  # one paired seed: never decided
+    assert "| claim | source | estimate | 95% CI | seeds | p (Holm) | verdict |" in summary
+    for what in ("pass_at_k", "distinct_correct", "entropy_bands"):
+        assert (res / "figures" / f"{what}_qwen3-tiny-m.png").stat().st_size > 0
     for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0.log", "aggregate.log"):
         assert (res / "logs" / log).stat().st_size > 0
 
     client = MlflowClient(tracking_uri=f"sqlite:///{(res / 'mlflow' / 'mlflow.db').resolve()}")
-    exp = client.get_experiment_by_name(cfg["mlflow_experiment"])
-    grid_runs = client.search_runs([exp.experiment_id], filter_string="tags.part = 'grid'", max_results=500)
-    assert len(grid_runs) == len(runs) + 1 + 1  # every run, the extra seed, and the tables run
+    exp = client.get_experiment_by_name(cfg["mlflow_experiment"] + "-grid")
+    grid_runs = client.search_runs([exp.experiment_id], max_results=500)
+    assert len(grid_runs) == len(runs) + 1  # every run and the extra seed, nothing else in its charts
+    report = client.get_experiment_by_name(cfg["mlflow_experiment"] + "-claims")
+    claim_runs = client.search_runs([report.experiment_id], filter_string="tags.part = 'claims'", max_results=500)
+    assert len(claim_runs) == len(claims)
     dlc = [r for r in grid_runs if r.data.tags.get("method") == "dapo_iac_dlc"][0]
     assert dlc.data.params["dlc_mu"] == "0.5" and dlc.data.tags["mu"] == "0.5"
     assert len(client.get_metric_history(dlc.info.run_id, "eval/test/avg_at_4")) == 2
@@ -72,12 +92,10 @@ def test_micro_grid_end_to_end(workflow_dir):
     assert "only orderings and signs" in beside and "| PASS@8 | dapo_iac_dlc | **95.19**" in beside
     assert "The paper's orderings in our numbers" in beside and "Beside the paper" in summary
 
-    again = snakemake(workflow_dir, "-n")
-    assert "Nothing to be done" in again.stdout + again.stderr
     assert "train" in plan.stdout
 
     # The self-contained report of the finished run: every table, figure and verdict, by paper section.
-    snakemake(workflow_dir, "--report", "results/report.html")
+    snakemake(workflow_dir, "--report", f"{cfg['results']}/report.html", "--configfile", MICRO)
     html = (res / "report.html").read_text()
     for name in (
         "table2_vs_paper.html",
@@ -86,6 +104,8 @@ def test_micro_grid_end_to_end(workflow_dir):
         "avg_at_4_qwen3-tiny-m.png",
         "summary.html",
         "verdicts.html",
+        "claims.csv",
+        "pass_at_k_qwen3-tiny-m.png",
         "4.2 Main results",
         "Appendix I, Table 5",
         "2.4 Softmax toy",
@@ -100,3 +120,64 @@ def test_micro_grid_end_to_end(workflow_dir):
         check=True,
     )
     assert "Table 2: AVG@4 (%), beside the paper" in cli.stdout and "| qwen3-tiny-m | grpo |" in cli.stdout
+
+
+# ------------------------------------------------------------------------- reruns after a config change
+def test_unchanged_rerun_plans_nothing(finished):
+    assert planned(finished[0]) == {}
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        # a training setting: every run's settings, training and evaluation; no data, warm start or toy
+        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 6, "evaluate": 6}),
+        # one method's alpha: that method's runs only (iac is in three tables, trained once)
+        ({"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}}, {"run_settings": 1, "train": 1, "evaluate": 1}),
+        # how checkpoints are evaluated: every evaluation, no training
+        ({"eval": {"temperature": 0.7}}, {"evaluate": 6}),
+        # a table's method list (same runs): the aggregation only
+        ({"tables": {"table5": ["iac", "grpo", "filter"]}}, {}),
+        # how many grading workers: how fast, never what; nothing reruns
+        ({"workers": 2}, None),
+    ],
+    ids=["train.lr", "one-alpha", "eval.temperature", "table-list", "workers"],
+)
+def test_a_changed_setting_plans_exactly_what_reads_it(finished, change, expected):
+    work = finished[0]
+    jobs = planned(work, overlay(work, "change.yaml", change))
+    if expected is None:
+        assert jobs == {}
+    else:
+        assert jobs == {**expected, "aggregate": 1, "grid_mlflow": 1, "all": 1}
+
+
+def test_a_changed_training_setting_retrains_and_reports_the_new_numbers(finished):
+    """The real rerun (last in this module: it changes the finished run): every run trains from scratch with
+    the new learning rate, never resuming the old checkpoints, its evaluations and tables are redone, the
+    warm starts are not, and a second run plans nothing."""
+    work, _ = finished
+    cfg = yaml.safe_load((work / MICRO).read_text())
+    res = work / cfg["results"]
+    run = G.Run("qwen3-tiny-m", "grpo", 0)
+    folder = res / "runs" / run.path
+    old_stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
+    old_metrics = (folder / "metrics.jsonl").read_text()
+    old_eval = json.loads((folder / "eval" / "step_4.json").read_text())
+    warm = (res / "models" / "qwen3-tiny-m" / "init.json").stat().st_mtime_ns
+    assert old_eval["fingerprint"] == old_stamp
+
+    lr = overlay(work, "lr.yaml", {"train": {"lr": 0.003}})
+    snakemake(work, "--cores", "2", "--configfile", MICRO, lr)
+    new_stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
+    assert new_stamp != old_stamp
+    log = (res / "logs" / "train" / f"{run.path}.log").read_text()
+    assert "settings changed: train.lr" in log and "resumed from checkpoint" not in log, log[-3000:]
+    assert (folder / "stale" / old_stamp / "ckpt" / "step_4" / "trainer_state.pt").exists()  # the old work, aside
+    assert (folder / "metrics.jsonl").read_text() != old_metrics
+    new_eval = json.loads((folder / "eval" / "step_4.json").read_text())
+    assert new_eval["fingerprint"] == new_stamp and new_eval["splits"] != old_eval["splits"]
+    for marker in (folder / "ckpt").glob("step_*.done"):
+        assert json.loads(marker.read_text())["fingerprint"] == new_stamp
+    assert (res / "models" / "qwen3-tiny-m" / "init.json").stat().st_mtime_ns == warm
+    assert planned(work, lr) == {}

@@ -3,8 +3,11 @@
 import json
 
 import pandas as pd
+import pytest
 from conftest import load_config, snakemake, write_config
 from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
 
 def test_toy_target_end_to_end(workflow_dir):

@@ -63,6 +63,34 @@ def _tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """Print GPU-hours, wall time and disk per rule and for the grid (calibrl.plan), then SLURM warnings."""
+    from pathlib import Path
+
+    import yaml
+
+    from calibrl import plan as P
+
+    overrides = {}
+    for path in args.assumptions or []:
+        overrides.update({k: float(v) for k, v in (yaml.safe_load(Path(path).read_text()) or {}).items()})
+    overrides.update(P.parse_assume(args.assume or []))
+    config = P.load_config(args.configfile)
+    rows, trains = P.plan(config, overrides)
+    print(P.render(rows, trains, overrides))
+    grid = config["grid"]
+    unpinned = [
+        m for m, spec in {**grid["models"], **grid.get("memory_models", {})}.items() if not spec.get("revision")
+    ]
+    if grid["trainer"] != "local" and unpinned:
+        print(f"\nNOTE models without a pinned revision (grid.models.<name>.revision), main is taken: {unpinned}")
+    if args.profile and Path(args.profile).is_file():
+        warnings = P.check_runtimes(rows, P.slurm_runtimes(args.profile))
+        warnings += P.check_gpus(config, P.slurm_gpus(args.profile))
+        print("\n".join(["", f"SLURM time limits ({args.profile}):", *(warnings or ["  every job fits"])]))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calibrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tables.add_argument("--no-paper", dest="paper", action="store_false", help="our tables only")
     tables.set_defaults(func=_tables)
+
+    plan = sub.add_parser(
+        "plan",
+        help="estimate GPU-hours, wall time and disk per rule and for the whole grid, before submitting",
+        description="Estimate what a grid config costs from a stated throughput model (calibrl.plan.ASSUMPTIONS, "
+        "printed with their sources), and warn for each rule whose job would outrun its SLURM runtime.",
+    )
+    plan.add_argument("--configfile", nargs="+", required=True, help="config file(s), layered as snakemake does")
+    plan.add_argument("--assume", action="append", metavar="NAME=VALUE", help="override one assumption")
+    plan.add_argument("--assumptions", action="append", metavar="FILE", help="YAML file of NAME: VALUE overrides")
+    plan.add_argument(
+        "--profile", default="slurm/config.yaml", help="SLURM profile whose runtimes are checked (read only)"
+    )
+    plan.set_defaults(func=_plan)
     return parser
 
 

@@ -1,13 +1,21 @@
-"""The training grid: methods as named bundles of settings, and the (model, method, seed) runs a config asks for.
+"""A typed view of the grid config: methods, training and evaluation settings, runs and their folders.
 
 A method is a dict of switches over one trainer (estimator, IAC alpha, DLC mu, DAPO, filtering); the
 tables of the paper name methods; the runs are the union of what the tables need. The Snakefile, the
 trainers and the aggregation all read the grid through these functions.
+
+Each job reads only its slice of the config (``*_params``): the rule passes that slice as its Snakemake
+params, so a changed setting reruns exactly the jobs that read it. A training run's slice also names what
+its inputs were made with (data, warm start), and its ``fingerprint`` stamps every checkpoint it writes: a
+checkpoint made with other settings is never resumed, and its evaluations rerun.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, fields
 
 TABLES = ("table2_3", "table4", "table5", "figure6")
 
@@ -28,6 +36,68 @@ class Method:
 
 
 @dataclass(frozen=True)
+class TrainSettings:
+    """The optimisation settings shared by every method of a grid (config ``grid.train``)."""
+
+    steps: int
+    eval_every: int
+    prompts_per_step: int
+    group_size: int
+    lr: float
+    memory_lr: float
+    max_new_tokens: int
+    max_prompt_len: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    kl_coef: float = 0.001
+    kl_estimator: str = "k3"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dapo_clip_high: float = 0.28
+    dapo_overlong_cache: int = 4
+    dapo_max_gen_batches: int = 3
+    ppo_minibatches: int = 2
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    filter_samples: int = 8
+    dlc_importance: str = "none"  # DLC samples vs pi_theta: "none" (Algorithm 1 line 20) or "truncated" (calibrl.dlc)
+
+    @classmethod
+    def from_config(cls, train: dict) -> TrainSettings:
+        return cls(**{f.name: train[f.name] for f in fields(cls) if f.name in train})
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a checkpoint is evaluated (config ``grid.eval`` plus the prompt and the sampling seed)."""
+
+    n: int
+    k: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    template: str
+    seed: int
+    evaluator: str = "local"
+    chat_template: bool = False
+    tensor_parallel_size: int = 1
+    max_prompt_len: int = 1024
+    top_k: int = 0  # 0: every token
+    enable_thinking: bool = False  # Qwen3's thinking mode, through its chat template
+    dtype: str = "bfloat16"  # evaluator vllm: the engine's dtype (vLLM on CPU: float32)
+    enforce_eager: bool = False  # evaluator vllm: no CUDA graphs (faster start, slower decode)
+    data_parallel_size: int = 1  # evaluator vllm: engines per job, each on tensor_parallel_size GPUs
+
+    @classmethod
+    def from_params(cls, params: dict) -> EvalSettings:
+        """From ``eval_params``' ``settings``."""
+        return cls(**params)
+
+
+_RUN_PATH = re.compile(r"(?:^|/)(?P<model>[^/]+)/(?P<method>[^/]+)/s(?P<seed>\d+)(?:/|$)")
+
+
+@dataclass(frozen=True)
 class Run:
     model: str
     method: str
@@ -35,7 +105,18 @@ class Run:
 
     @property
     def path(self) -> str:
+        """The run's folder under ``{results}/runs/``; :meth:`from_path` is its inverse."""
         return f"{self.model}/{self.method}/s{self.seed}"
+
+    @classmethod
+    def from_path(cls, path: str) -> Run:
+        """The run a result file belongs to, from any path below ``runs/`` (``.../runs/m/meth/s0/eval/x.json``)."""
+        text = str(path).replace("\\", "/")
+        tail = text.rsplit("/runs/", 1)[-1] if "/runs/" in text else text.removeprefix("runs/")
+        m = _RUN_PATH.match(tail)
+        if not m:
+            raise ValueError(f"{path}: not inside a run folder runs/{{model}}/{{method}}/s{{seed}}/")
+        return cls(m["model"], m["method"], int(m["seed"]))
 
 
 def method(config: dict, name: str) -> Method:
@@ -65,8 +146,174 @@ def runs(config: dict) -> list[Run]:
 
 def eval_steps(config: dict) -> list[int]:
     """The checkpoint steps that are evaluated: every ``eval_every`` steps up to ``steps``."""
-    train = config["grid"]["train"]
+    return steps_of(config["grid"]["train"])
+
+
+def steps_of(train: dict) -> list[int]:
+    """``eval_steps`` from the ``grid.train`` section alone (what a training job's params carry)."""
     return list(range(train["eval_every"], train["steps"] + 1, train["eval_every"]))
+
+
+# ------------------------------------------------------------------------------ each job's config slice
+def architecture(grid: dict, model: str) -> dict:
+    """A policy or memory model's spec without its links (``memory``) and GPU layout (``resources``)."""
+    archs = {**grid["models"], **grid.get("memory_models", {})}
+    return {k: v for k, v in archs[model].items() if k not in ("memory", "resources")}
+
+
+def data_params(grid: dict, split: str) -> dict:
+    """What one data file is made from: the synthetic task's size and seed, or one Hub dataset's source."""
+    data = grid["data"]
+    if data["source"] == "countdown":
+        return {"source": "countdown", "split": split, "rows": data["splits"][split], "seed": data["seed"]}
+    key = data["train"] if split == "train" else split
+    return {
+        "source": "hub",
+        "split": split,
+        "dataset": key,
+        "revision": data.get("revisions", {}).get(key),
+        "local_files": data.get("local_files", {}).get(key),
+        "on_error": data.get("on_error", "fail"),
+    }
+
+
+def warmstart_params(config: dict, model: str) -> dict:
+    grid = config["grid"]
+    return {
+        "model": model,
+        "arch": architecture(grid, model),
+        "warmstart": grid["warmstart"],
+        "seed": grid["seed"],
+        "template": grid["prompt_template"],
+        "on_error": grid["data"].get("on_error", "fail"),
+        "data": data_params(grid, "train"),
+    }
+
+
+def train_params(config: dict, run: Run) -> dict:
+    """Everything a training run's result depends on (and nothing else): its model and memory, its method,
+    ``grid.train``, the prompt, the seed, and what its inputs (data, warm starts) were made with. With the
+    digests of those inputs it makes the run's settings stamp (``calibrl.checkpoints.stamp``)."""
+    grid = config["grid"]
+    m = method(config, run.method)
+    memory = grid["models"][run.model].get("memory") if m.dlc_mu > 0 else None
+    local = grid["trainer"] == "local"
+    return {
+        "run": run.path,
+        "trainer": grid["trainer"],
+        "model": {"name": run.model, **architecture(grid, run.model)},
+        "memory": {"name": memory, **architecture(grid, memory)} if memory else None,
+        "method": {"name": run.method, **m.to_dict()},
+        "seed": run.seed,
+        "train": grid["train"],
+        "template": grid["prompt_template"],
+        "chat_template": bool(grid.get("chat_template")),
+        "enable_thinking": bool(grid.get("enable_thinking", False)),
+        "on_error": grid["data"].get("on_error", "fail"),
+        "data": data_params(grid, "train"),
+        "data_seed": grid["data"]["seed"],  # the order of the training queries
+        "warmstart": {"settings": grid["warmstart"], "seed": grid["seed"]} if local else None,
+    }
+
+
+def layout_params(config: dict, model: str) -> dict:
+    """The GPU layout of a paper-scale run (``grid.models.<model>.resources``): how it is computed, not what,
+    so it is no part of the fingerprint."""
+    return dict(config["grid"]["models"][model].get("resources", {}))
+
+
+def eval_params(config: dict) -> dict:
+    """How checkpoints are evaluated (the same for every run, so runs are compared on the same samples)."""
+    grid = config["grid"]
+    ev = grid["eval"]
+    settings = EvalSettings(
+        n=ev["n"],
+        k=ev["k"],
+        temperature=ev["temperature"],
+        top_p=ev["top_p"],
+        max_new_tokens=ev["max_new_tokens"],
+        template=grid["prompt_template"],
+        seed=grid["seed"],
+        evaluator=grid["evaluator"],
+        chat_template=bool(grid.get("chat_template")),
+        tensor_parallel_size=int(ev.get("tensor_parallel_size", 1)),
+        max_prompt_len=int(grid["train"].get("max_prompt_len", 1024)),
+        top_k=int(ev.get("top_k", 0)),
+        enable_thinking=bool(grid.get("enable_thinking", False)),
+        **engine_settings(ev),
+    )
+    return {"settings": asdict(settings), "on_error": grid["data"].get("on_error", "fail")}
+
+
+def engine_settings(ev: dict) -> dict:
+    """How the vLLM engines of an evaluation or ranking job run (``grid.eval``): dtype, CUDA graphs, engines."""
+    return {
+        "dtype": str(ev.get("dtype", "bfloat16")),
+        "enforce_eager": bool(ev.get("enforce_eager", False)),
+        "data_parallel_size": int(ev.get("data_parallel_size", 1)),
+    }
+
+
+def model_path(config: dict, model: str) -> str:
+    """The absolute folder a Hub model of the grid is downloaded into once, on the login node (rule
+    ``download_model``, ``calibrl.model_store``), and read from by every compute job (offline):
+    ``<grid.models_dir>/<org>--<name>/<revision>``; ``grid.models_dir`` defaults to ``<results>/hub_models``.
+    Relative folders are taken from the working directory (the workflow's: the repo root)."""
+    from pathlib import Path
+
+    grid = config["grid"]
+    spec = {**grid["models"], **grid.get("memory_models", {})}[model]
+    if "hf_id" not in spec:
+        raise ValueError(f"grid.models.{model}: a tiny model has no Hub folder (no hf_id)")
+    root = grid.get("models_dir") or f"{config.get('results', 'results')}/hub_models"
+    return str(Path(root).resolve() / spec["hf_id"].replace("/", "--") / spec.get("revision", "main"))
+
+
+def download_params(config: dict, model: str) -> dict:
+    """What rule ``download_model`` fetches: the Hub id, the pinned revision (None: main), the folder."""
+    spec = {**config["grid"]["models"], **config["grid"].get("memory_models", {})}[model]
+    return {"hf_id": spec["hf_id"], "revision": spec.get("revision"), "path": model_path(config, model)}
+
+
+def rank_params(config: dict, model: str) -> dict:
+    """The filtering baseline's ranking of the training queries (paper scale): the initial model sampled with
+    the training settings."""
+    grid = config["grid"]
+    tr = grid["train"]
+    return {
+        "model": model_path(config, model),  # the login node's download (rule download_model), read offline
+        "hf_id": grid["models"][model]["hf_id"],
+        "revision": grid["models"][model].get("revision", "main"),
+        "samples": tr["filter_samples"],
+        "temperature": tr["temperature"],
+        "top_p": tr["top_p"],
+        "max_new_tokens": tr["max_new_tokens"],
+        "max_prompt_len": tr.get("max_prompt_len", 1024),
+        "template": grid["prompt_template"],
+        "chat_template": bool(grid.get("chat_template")),
+        "enable_thinking": bool(grid.get("enable_thinking", False)),
+        "seed": grid["seed"],
+        "tensor_parallel_size": int(grid["eval"].get("tensor_parallel_size", 1)),
+        **engine_settings(grid["eval"]),
+        "on_error": grid["data"].get("on_error", "fail"),
+    }
+
+
+def fingerprint(settings: dict) -> str:
+    """A short stable hash of a settings slice (canonical JSON: key order and int/float spelling of the same
+    YAML do not matter to json.dumps of the parsed values)."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def changed_keys(old, new, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two settings slices (for the log of a retrained run)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".") or "(all)"]
 
 
 def problems(config: dict) -> list[tuple[str, str]]:
@@ -104,6 +351,8 @@ def problems(config: dict) -> list[tuple[str, str]]:
     for split in data["eval_splits"]:
         if data["source"] == "countdown" and split not in data.get("splits", {}):
             out.append(("grid.data.eval_splits", f"{split!r} is not one of grid.data.splits"))
+    if grid.get("enable_thinking") and not grid.get("chat_template"):
+        out.append(("grid.enable_thinking", "is a switch of the chat template: set grid.chat_template too"))
     if grid["trainer"] == "local" and "warmstart" not in grid:
         out.append(("grid.warmstart", "required when grid.trainer is local (tiny models are warm-started)"))
     all_models = {**grid["models"], **grid.get("memory_models", {})}

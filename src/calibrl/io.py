@@ -68,20 +68,6 @@ def write_json(path: str | Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def write_marker(path: str | Path, step: int, policy_dir: str | Path) -> None:
-    """A checkpoint's marker (the small file Snakemake tracks; JSON: step, policy path), dated to the checkpoint.
-
-    A resumed run rewrites the markers of the checkpoints it already had (Snakemake removes a failed job's
-    outputs); giving each the time its checkpoint was saved, not the time of the rewrite, keeps it older than
-    the evaluations made from it, so an mtime-triggered rerun does not evaluate those checkpoints again.
-    """
-    policy_dir = Path(policy_dir).resolve()
-    write_json(path, {"step": int(step), "policy": str(policy_dir)})
-    saved = policy_dir / "config.json"  # every Hugging Face checkpoint has one, written with the weights
-    stamp = (saved if saved.exists() else policy_dir).stat().st_mtime
-    os.utime(path, (stamp, stamp))
-
-
 def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
     """CSV (gzip when the name ends in .gz), written atomically, without the index."""
     compression = "gzip" if str(path).endswith(".gz") else None

@@ -46,13 +46,51 @@ wildcard_constraints:
     split="|".join(SPLITS),
 
 
+def run_of(wildcards):
+    return G.Run(wildcards.model, wildcards.method, int(wildcards.seed))
+
+
 def run_dir(wildcards):
-    return res(f"runs/{wildcards.model}/{wildcards.method}/s{wildcards.seed}")
+    return res(f"runs/{run_of(wildcards).path}")
+
+
+# ---- params: each rule gets only the slice of the config its job reads (calibrl.grid.*_params), so a
+# changed setting reruns exactly the jobs that read it. Grading workers are a resource: they change how
+# fast a job runs, never its result.
+WORKERS = GRID.get("workers", 1)
+
+
+def data_params(wildcards):
+    return G.data_params(GRID, wildcards.split)
+
+
+def warmstart_params(wildcards):
+    return G.warmstart_params(config, wildcards.model)
+
+
+def train_params(wildcards):
+    return G.train_params(config, run_of(wildcards))
+
+
+def layout_params(wildcards):
+    return G.layout_params(config, wildcards.model)
+
+
+EVAL_PARAMS = G.eval_params(config)
+
+
+def rank_params(wildcards):
+    return G.rank_params(config, wildcards.model)
+
+
+def download_params(wildcards):
+    return G.download_params(config, wildcards.model)
 
 
 def train_inputs(wildcards):
     """The training data; the policy's warm start and, for DLC, the memory's (tiny models); at paper scale,
-    the success rates the filtering baseline ranks its queries by."""
+    the downloaded models (``hub.json``: their absolute folders) and the success rates the filtering baseline
+    ranks its queries by."""
     inputs = {"train": res("data/train.jsonl")}
     method = G.method(config, wildcards.method)
     if LOCAL:  # tiny models are warm-started here; Hub models are the paper's starting points
@@ -60,9 +98,17 @@ def train_inputs(wildcards):
         if method.dlc_mu > 0:
             memory = GRID["models"][wildcards.model]["memory"]
             inputs["memory"] = res(f"models/{memory}/init.json")
-    elif method.filter_easiest > 0:  # the CPU trainer ranks its own queries at step 0
-        inputs["success"] = res(f"models/{wildcards.model}/train_success.json")
+    else:  # the login node's downloads (rule download_model), which the run reads offline
+        inputs["hub"] = res(f"models/{wildcards.model}/hub.json")
+        if method.dlc_mu > 0:
+            inputs["hub_memory"] = res(f"models/{GRID['models'][wildcards.model]['memory']}/hub.json")
+        if method.filter_easiest > 0:  # the CPU trainer ranks its own queries at step 0
+            inputs["success"] = res(f"models/{wildcards.model}/train_success.json")
     return inputs
+
+
+def run_settings(wildcards):
+    return res(f"runs/{run_of(wildcards).path}/settings.json")
 
 
 def run_outputs(run, name):

@@ -1,16 +1,17 @@
 # Data: the synthetic countdown task of the embedded default (train, in-distribution test, harder ood),
-# or, at paper scale, DeepScaleR and the six benchmarks from the Hugging Face Hub.
+# or, at paper scale, DeepScaleR and the six benchmarks from the Hugging Face Hub. One job per split, so a
+# changed split (its size, its revision) remakes that file alone.
 
 if GRID["data"]["source"] == "countdown":
 
     rule data_synthetic:
         output:
-            expand(res("data/{split}.jsonl"), split=SPLITS),
-            manifest=res("data/manifest.json"),
+            data=res("data/{split}.jsonl"),
+            manifest=res("data/{split}.manifest.json"),
         params:
-            data=GRID["data"],
+            data=data_params,
         log:
-            res("logs/data/synthetic.log"),
+            res("logs/data/{split}.log"),
         priority: 30  # everything but the toy waits for it
         conda:
             "../../envs/local.yaml"
@@ -24,7 +25,7 @@ else:
             data=res("data/{split}.jsonl"),
             manifest=res("data/{split}.manifest.json"),
         params:
-            data=GRID["data"],
+            data=data_params,
         log:
             res("logs/data/{split}.log"),
         localrule: True  # compute nodes often have no internet

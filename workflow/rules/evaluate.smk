@@ -5,7 +5,10 @@
 # vLLM evaluator (paper scale), or grid.eval.per_checkpoint: one job per checkpoint, as each needs its own
 # GPU allocation; a run extended or resumed later then only evaluates its new checkpoints.
 # Markers are ancient(): a checkpoint never changes once written (training resumes from it and never
-# rewrites it), so a training job that reruns and rewrites its markers does not re-evaluate old checkpoints.
+# rewrites it), so a training job that resumes and rewrites its markers does not re-evaluate old checkpoints.
+# A retrained run is another matter: the run's settings.json (not ancient) changes with its settings or
+# inputs, so its evaluations rerun exactly then; a job refuses a checkpoint whose marker names another
+# fingerprint than settings.json's.
 
 if GRID["evaluator"] == "local" and not GRID["eval"].get("per_checkpoint", False):
 
@@ -15,15 +18,18 @@ if GRID["evaluator"] == "local" and not GRID["eval"].get("per_checkpoint", False
                 expand(res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS)
             ),
             splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
+            settings=run_settings,
         output:
             expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS),
         params:
-            grid=GRID,
+            settings=EVAL_PARAMS,
             split_names=GRID["data"]["eval_splits"],
             steps=EVAL_STEPS,
         log:
             res("logs/evaluate/{model}/{method}/s{seed}.log"),
         threads: 1
+        resources:
+            grading_workers=WORKERS,
         conda:
             "../../envs/local.yaml"
         script:
@@ -35,15 +41,18 @@ else:
         input:
             markers=ancient(res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done")),
             splits=expand(res("data/{split}.jsonl"), split=GRID["data"]["eval_splits"]),
+            settings=run_settings,
         output:
             res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
         params:
-            grid=GRID,
+            settings=EVAL_PARAMS,
             split_names=GRID["data"]["eval_splits"],
             steps=lambda wildcards: [int(wildcards.step)],
         log:
             res("logs/evaluate/{model}/{method}/s{seed}/step_{step}.log"),
         threads: 1
+        resources:
+            grading_workers=WORKERS,
         conda:
             "../../envs/local.yaml" if GRID["evaluator"] == "local" else "../../envs/cluster-eval.yaml"
         script:

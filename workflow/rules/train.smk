@@ -1,6 +1,8 @@
 # Training: the warm start (supervised fine-tuning of a fresh tiny Qwen3) and one RL run per
 # (model, method, seed). Weights live under ckpt/ undeclared, so a failed job keeps them and resumes;
-# Snakemake tracks the small per-checkpoint markers.
+# Snakemake tracks the small per-checkpoint markers. Checkpoints are stamped with the fingerprint of the
+# run's params: a job whose settings changed sets the old ones aside and trains from scratch
+# (calibrl.checkpoints).
 
 
 rule warmstart:
@@ -10,7 +12,7 @@ rule warmstart:
         model=directory(res("models/{model}/init")),
         info=res("models/{model}/init.json"),
     params:
-        grid=GRID,
+        settings=warmstart_params,
     log:
         res("logs/warmstart/{model}.log"),
     threads: 1
@@ -21,20 +23,41 @@ rule warmstart:
         "../../scripts/warmstart.py"
 
 
+# The run's identity: its config slice and the digests of its inputs (calibrl.checkpoints.stamp). Training
+# and evaluation read it, so a changed setting or input reruns both; a resumed run reruns neither.
+rule run_settings:
+    input:
+        unpack(train_inputs),
+    output:
+        res("runs/{model}/{method}/s{seed}/settings.json"),
+    params:
+        settings=train_params,
+    log:
+        res("logs/run_settings/{model}/{method}/s{seed}.log"),
+    localrule: True
+    conda:
+        "../../envs/local.yaml"
+    script:
+        "../../scripts/run_settings.py"
+
+
 rule train:
     input:
         unpack(train_inputs),
+        settings=run_settings,
     output:
         markers=expand(
             res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS
         ),
         metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
     params:
-        grid=GRID,
+        layout=layout_params,  # paper scale: the GPU layout (how, not what: no part of the fingerprint)
         run_dir=run_dir,
     log:
         res("logs/train/{model}/{method}/s{seed}.log"),
     threads: 1
+    resources:
+        grading_workers=WORKERS,
     priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
     conda:
         "../../envs/local.yaml" if LOCAL else "../../envs/cluster-train.yaml"
@@ -50,10 +73,12 @@ rule rank_train:
     output:
         res("models/{model}/train_success.json"),
     params:
-        grid=GRID,
+        settings=rank_params,
     log:
         res("logs/rank_train/{model}.log"),
     threads: 1
+    resources:
+        grading_workers=WORKERS,
     conda:
         "../../envs/cluster-eval.yaml"
     script:

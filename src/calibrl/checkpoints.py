@@ -1,0 +1,193 @@
+"""A training run's folder as its single writer keeps it: a lock, the settings stamp, and the checkpoint markers.
+
+``runs/{model}/{method}/s{seed}/`` holds ``ckpt/`` (checkpoints, undeclared so a failed job keeps them, and
+the ``step_{k}.done`` markers Snakemake tracks), ``metrics.jsonl`` and the evaluations ``eval/``. Three rules:
+
+* one writer: a training job holds :func:`run_lock` for as long as it runs; a second job on the same run
+  fails at once, naming the holder. The lock is the kernel's (``flock``; Linux maps it to NFS byte-range
+  locks on NFS), so a killed holder's lock is gone with it and the next job takes over, with no stale-lock
+  file to clean;
+* checkpoints carry the settings that made them: the run's :func:`stamp` (its ``calibrl.grid.train_params``
+  slice, the digests of its input files, and a fingerprint of both) is a file of the DAG,
+  ``settings.json``, made by its own small rule whose params are that slice. Training and evaluation both
+  read it, so a changed setting or input reruns both, while a resumed run (whose markers evaluation takes
+  as ancient()) reruns neither. :func:`claim` copies the stamp into ``ckpt/``; a job whose stamp differs
+  moves what the old settings made aside to ``stale/<old fingerprint>/`` and trains from scratch, logging
+  which keys changed, so a checkpoint made with other settings is never resumed;
+* every marker names that fingerprint (:func:`write_marker`), and evaluation refuses a checkpoint whose
+  fingerprint is not the run's current one (:func:`check_marker`), so a stale checkpoint is never
+  evaluated as if it were current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from calibrl.grid import changed_keys, fingerprint
+from calibrl.io import write_json
+
+log = logging.getLogger("calibrl.checkpoints")
+
+STAMP = "fingerprint.json"
+LOCK = ".lock"
+# What stays when a run's old work is moved aside: Snakemake's files (the run's settings, the evaluations).
+KEEP = {"eval", "stale", "settings.json", LOCK}
+
+
+class RunLocked(RuntimeError):
+    """Another live process is training this run."""
+
+
+class StaleCheckpoint(RuntimeError):
+    """A checkpoint made with other settings than the ones the job was asked to evaluate."""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold the run folder's lock for the duration; fail at once with the holder's name if it is taken."""
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    path = run / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise RunLocked(
+            f"{run} is being trained by another job ({holder}); two trainers never write one run. "
+            f"Wait for it, or stop it, then run again."
+        ) from None
+    previous = _holder(fd)
+    if previous != "unknown holder":
+        log.warning("took over the lock of %s, which no longer holds it (it died or was killed)", previous)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    try:
+        yield
+    finally:
+        os.ftruncate(fd, 0)  # an empty lock file: nobody holds it
+        os.close(fd)  # releases the lock
+
+
+def _holder(fd: int) -> str:
+    """Who wrote the lock file last (read through the lock's own descriptor)."""
+    try:
+        h = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return "unknown holder"
+    return f"pid {h['pid']} on {h['host']} since {h['since']}" if h.get("pid") else "unknown holder"
+
+
+def digest(path: str | Path | None) -> str | None:
+    """sha256 of a file, or of every file below a folder (names and contents); None for no path."""
+    if path is None:
+        return None
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_dir():  # hidden names are the temporaries of killed writes (calibrl.io), never content
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    else:
+        files = [path]
+    for p in files:
+        h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def stamp(settings: dict, inputs: dict) -> dict:
+    """A run's identity: its settings slice (``calibrl.grid.train_params``), ``inputs`` (name -> digest of each
+    file it reads), and the fingerprint of both."""
+    identity = {"settings": settings, "inputs": inputs}
+    return {"fingerprint": fingerprint(identity), **identity}
+
+
+def claim(run_dir: str | Path, new: dict) -> bool:
+    """Make the run folder safe to resume under the :func:`stamp` ``new``. Returns True when its existing
+    checkpoints were made with exactly these settings and inputs and may be resumed; otherwise moves them
+    aside (with the metrics they produced), stamps ``ckpt/`` for the new ones and returns False. Call it while
+    holding :func:`run_lock`."""
+    run = Path(run_dir)
+    ckpt = run / "ckpt"
+    settings, inputs = new["settings"], new["inputs"]
+    old = _read(ckpt / STAMP)
+    leftovers = [p for p in run.iterdir() if p.name not in KEEP and _holds_files(p)] if run.is_dir() else []
+    if old is not None and old.get("fingerprint") == new["fingerprint"]:
+        return True
+    if leftovers:
+        if old is None:
+            why = "they carry no settings stamp (made by an older version or by hand)"
+            name = "unstamped"
+        else:
+            keys = changed_keys(old.get("settings"), settings) + [
+                f"input {k}"
+                for k in sorted(set(old.get("inputs", {})) | set(inputs))
+                if old.get("inputs", {}).get(k) != inputs.get(k)
+            ]
+            why = f"settings changed: {', '.join(keys) or 'the fingerprint'}"
+            name = old.get("fingerprint", "unstamped")
+        aside = run / "stale" / name
+        if aside.exists():
+            shutil.rmtree(aside)
+        aside.mkdir(parents=True)
+        for p in leftovers:
+            os.replace(p, aside / p.name)
+        log.warning("%s: not resuming its checkpoints, %s; moved them to %s and training from scratch", run, why, aside)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    write_json(ckpt / STAMP, new)
+    return False
+
+
+def _holds_files(path: Path) -> bool:
+    """Work worth keeping: a file, or a folder with a file below it (Snakemake makes the empty ``ckpt/``
+    folder of the markers before the job starts)."""
+    return path.is_file() or any(p.is_file() for p in path.rglob("*"))
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_marker(path: str | Path, step: int, policy_dir: str | Path) -> None:
+    """A checkpoint's marker ``ckpt/step_{k}.done`` (JSON: step, policy path, the fingerprint stamped on its
+    ``ckpt/`` folder), dated to the checkpoint.
+
+    A resumed run rewrites the markers of the checkpoints it already had (Snakemake removes a failed job's
+    outputs); giving each the time its checkpoint was saved, not the time of the rewrite, keeps it older than
+    the evaluations made from it, so an mtime-triggered rerun does not evaluate those checkpoints again.
+    """
+    path, policy_dir = Path(path), Path(policy_dir).resolve()
+    stamp = _read(path.parent / STAMP) or {}
+    write_json(path, {"step": int(step), "policy": str(policy_dir), "fingerprint": stamp.get("fingerprint")})
+    saved = policy_dir / "config.json"  # every Hugging Face checkpoint has one, written with the weights
+    when = (saved if saved.exists() else policy_dir).stat().st_mtime
+    os.utime(path, (when, when))
+
+
+def check_marker(marker: str | Path, expected: str) -> dict:
+    """The marker's content, after checking its checkpoint was trained with the settings of fingerprint
+    ``expected`` (the run's current ``settings.json``)."""
+    content = json.loads(Path(marker).read_text())
+    if content.get("fingerprint") != expected:
+        raise StaleCheckpoint(
+            f"{marker}: checkpoint trained with settings {content.get('fingerprint')}, but the config asks for "
+            f"{expected}. Its training job has not rerun with the current settings: run the workflow for this "
+            f"target (Snakemake plans the training job first) rather than forcing the evaluation alone."
+        )
+    return content

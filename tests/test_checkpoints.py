@@ -1,0 +1,148 @@
+"""The run folder's rules (calibrl.checkpoints, calibrl.grid): one writer, checkpoints stamped with the settings
+that made them, and markers that carry that stamp to evaluation."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import REPO, load_config
+
+from calibrl import checkpoints
+from calibrl import grid as G
+
+CONFIG = {"grid": load_config(REPO)["grid"]}
+
+
+def test_run_path_and_its_inverse():
+    run = G.Run("qwen3-tiny-m", "iac_a0.5", 12)
+    assert run.path == "qwen3-tiny-m/iac_a0.5/s12"
+    for path in (
+        f"results/runs/{run.path}/eval/step_25.json",
+        f"/abs/results/paper/runs/{run.path}/metrics.jsonl",
+        f"runs/{run.path}",
+        run.path,
+    ):
+        assert G.Run.from_path(path) == run, path
+    with pytest.raises(ValueError, match="not inside a run folder"):
+        G.Run.from_path("results/tables/table2.md")
+
+
+def test_each_job_reads_only_its_slice():
+    run = G.Run("qwen3-tiny-m", "iac", 0)
+    base = G.train_params(CONFIG, run)
+    changed = json.loads(json.dumps(CONFIG))
+    changed["grid"]["methods"]["iac_a2"]["iac_alpha"] = 3.0  # another method's alpha
+    changed["grid"]["tables"]["table5"] = ["grpo"]
+    changed["grid"]["eval"]["n"] = 4
+    changed["grid"]["workers"] = 2
+    assert G.train_params(changed, run) == base
+    assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
+    assert G.eval_params(changed) != G.eval_params(CONFIG)  # n is the evaluation's own
+    changed["grid"]["train"]["lr"] = 1e-3
+    assert G.fingerprint(G.train_params(changed, run)) != G.fingerprint(base)
+    assert G.eval_params(changed) == G.eval_params({"grid": {**changed["grid"], "train": CONFIG["grid"]["train"]}})
+    assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
+    assert G.changed_keys(base, G.train_params(changed, run)) == ["train.lr"]
+    # DLC's memory model belongs to the runs that use it only
+    assert G.train_params(CONFIG, G.Run("qwen3-tiny-m", "dapo_iac_dlc", 0))["memory"]["name"] == "qwen3-tiny-xs"
+    assert base["memory"] is None
+
+
+def test_fingerprint_is_stable_and_ignores_key_order():
+    a = {"train": {"lr": 0.001, "steps": 100}, "seed": 0}
+    b = {"seed": 0, "train": {"steps": 100, "lr": 1e-3}}
+    assert G.fingerprint(a) == G.fingerprint(b) and len(G.fingerprint(a)) == 16
+    assert G.fingerprint({**a, "seed": 1}) != G.fingerprint(a)
+
+
+def test_claim_keeps_matching_checkpoints_and_sets_aside_others(tmp_path, caplog):
+    run = tmp_path / "run"
+    settings = {"train": {"lr": 0.1}, "seed": 0}
+    first = checkpoints.stamp(settings, {"train": "abc"})
+    (run / "ckpt").mkdir(parents=True)  # Snakemake makes the markers' folder before the job starts
+    assert checkpoints.claim(run, first) is False  # nothing to resume yet
+    assert not (run / "stale").exists()
+    (run / "ckpt" / "step_2").mkdir()
+    (run / "ckpt" / "step_2" / "trainer_state.pt").write_bytes(b"state")
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "eval").mkdir()
+    (run / "eval" / "step_2.json").write_text("{}")
+    (run / "settings.json").write_text(json.dumps(first))
+    assert checkpoints.claim(run, checkpoints.stamp(settings, {"train": "abc"})) is True
+    assert (run / "ckpt" / "step_2").is_dir()
+    old = first["fingerprint"]
+    with caplog.at_level("WARNING"):
+        assert checkpoints.claim(run, checkpoints.stamp({**settings, "train": {"lr": 0.2}}, {"train": "abc"})) is False
+    assert "settings changed: train.lr" in caplog.text
+    assert (run / "stale" / old / "ckpt" / "step_2").is_dir() and (run / "stale" / old / "metrics.jsonl").exists()
+    assert not (run / "ckpt" / "step_2").exists() and not (run / "metrics.jsonl").exists()
+    assert (run / "eval" / "step_2.json").exists() and (run / "settings.json").exists()  # Snakemake's files stay
+    stamp = json.loads((run / "ckpt" / checkpoints.STAMP).read_text())
+    assert stamp["settings"]["train"]["lr"] == 0.2
+    # a changed input (new data, another warm start) counts as much as a changed setting
+    (run / "ckpt" / "step_2").mkdir()
+    (run / "ckpt" / "step_2" / "trainer_state.pt").write_bytes(b"state")
+    with caplog.at_level("WARNING"):
+        assert checkpoints.claim(run, checkpoints.stamp({**settings, "train": {"lr": 0.2}}, {"train": "xyz"})) is False
+    assert "input train" in caplog.text
+
+
+def test_unstamped_checkpoints_are_never_resumed(tmp_path):
+    run = tmp_path / "run"
+    (run / "ckpt" / "step_2").mkdir(parents=True)  # an older version's checkpoint: no stamp
+    (run / "ckpt" / "step_2" / "trainer_state.pt").write_bytes(b"state")
+    assert checkpoints.claim(run, checkpoints.stamp({"a": 1}, {})) is False
+    assert (run / "stale" / "unstamped" / "ckpt" / "step_2").is_dir()
+
+
+def test_markers_carry_the_stamp_and_evaluation_checks_it(tmp_path):
+    run = tmp_path / "run"
+    stamp = checkpoints.stamp({"a": 1}, {})
+    checkpoints.claim(run, stamp)
+    policy = run / "ckpt" / "step_2" / "policy"
+    policy.mkdir(parents=True)
+    (policy / "config.json").write_text("{}")
+    marker = run / "ckpt" / "step_2.done"
+    checkpoints.write_marker(marker, 2, policy)
+    content = checkpoints.check_marker(marker, stamp["fingerprint"])
+    assert content["step"] == 2 and content["policy"] == str(policy.resolve())
+    assert marker.stat().st_mtime == (policy / "config.json").stat().st_mtime  # dated to the checkpoint
+    with pytest.raises(checkpoints.StaleCheckpoint, match="trained with settings"):
+        checkpoints.check_marker(marker, checkpoints.stamp({"a": 2}, {})["fingerprint"])
+
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from calibrl.checkpoints import run_lock
+    with run_lock(sys.argv[1]):
+        Path(sys.argv[2]).write_text("held")
+        time.sleep(600)
+    """
+)
+
+
+def test_two_trainers_never_write_one_run(tmp_path):
+    run, held = tmp_path / "run", tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run), str(held)])
+    try:
+        while not held.exists():  # event: the holder has the lock
+            assert holder.poll() is None, "the holder died"
+        second = subprocess.run(
+            [sys.executable, "-c", HOLD, str(run), str(tmp_path / "never")], capture_output=True, text=True
+        )
+        assert second.returncode != 0 and not (tmp_path / "never").exists()
+        assert "RunLocked" in second.stderr and f"pid {holder.pid}" in second.stderr, second.stderr[-2000:]
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # a dead holder: its lock dies with it
+        holder.wait()
+    taken = tmp_path / "taken"
+    code = HOLD.replace("time.sleep(600)", "pass")
+    after = subprocess.run([sys.executable, "-c", code, str(run), str(taken)], capture_output=True, text=True)
+    assert after.returncode == 0 and taken.exists(), after.stderr[-2000:]
+    assert f"took over the lock of pid {holder.pid}" in after.stderr, after.stderr[-2000:]
