@@ -10,6 +10,7 @@ if __name__ == "__main__":
         inp.settings,
         params.run_dir,
         inp.train,
+        steps=params.steps,
         init_info=inp.get("init"),  # tiny models only: the paper's Hub models need no warm start
         memory_info=inp.get("memory"),
         success_path=inp.get("success"),  # paper scale, filtering baseline: rank_train's success rates

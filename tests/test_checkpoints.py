@@ -52,6 +52,20 @@ def test_each_job_reads_only_its_slice():
     assert base["memory"] is None
 
 
+def test_a_longer_cpu_run_keeps_its_identity_an_openrlhf_one_does_not():
+    """The CPU trainer's first k steps do not depend on the run's length, so extending a run resumes it;
+    OpenRLHF sizes its prompt stream (episodes, max_samples) from the step count, so there it is identity."""
+    run = G.Run("qwen3-tiny-m", "grpo", 0)
+    longer = json.loads(json.dumps(CONFIG))
+    longer["grid"]["train"]["steps"] *= 2
+    assert G.train_params(longer, run) == G.train_params(CONFIG, run)
+    assert "steps" not in G.train_params(CONFIG, run)["train"]
+    assert G.run_length(longer) == 2 * G.run_length(CONFIG)
+    paper = {"grid": {**CONFIG["grid"], "trainer": "openrlhf"}}
+    paper_longer = {"grid": {**longer["grid"], "trainer": "openrlhf"}}
+    assert G.changed_keys(G.train_params(paper, run), G.train_params(paper_longer, run)) == ["train.steps"]
+
+
 def test_fingerprint_is_stable_and_ignores_key_order():
     a = {"train": {"lr": 0.001, "steps": 100}, "seed": 0}
     b = {"seed": 0, "train": {"steps": 100, "lr": 1e-3}}
@@ -113,6 +127,25 @@ def test_markers_carry_the_stamp_and_evaluation_checks_it(tmp_path):
     assert marker.stat().st_mtime == (policy / "config.json").stat().st_mtime  # dated to the checkpoint
     with pytest.raises(checkpoints.StaleCheckpoint, match="trained with settings"):
         checkpoints.check_marker(marker, checkpoints.stamp({"a": 2}, {})["fingerprint"])
+
+
+def test_a_rewritten_unchanged_settings_file_keeps_the_date_of_its_stamp(tmp_path):
+    """run_settings rerun with the same content (a forced upstream rule) must not leave settings.json newer than
+    the resumed run's backdated markers, or Snakemake would plan the training on every invocation."""
+    run = tmp_path / "run"
+    stamp = checkpoints.stamp({"a": 1}, {})
+    checkpoints.claim(run, stamp)
+    first = (run / "ckpt" / checkpoints.STAMP).stat().st_mtime
+    os.utime(run / "ckpt" / checkpoints.STAMP, (first - 100, first - 100))
+    settings = run / "settings.json"
+    settings.write_text(json.dumps(stamp))
+    checkpoints.date_settings(settings)
+    assert settings.stat().st_mtime == first - 100
+    other = checkpoints.stamp({"a": 2}, {})  # new settings: a new file, dated now, so training reruns
+    settings.write_text(json.dumps(other))
+    before = settings.stat().st_mtime
+    checkpoints.date_settings(settings)
+    assert settings.stat().st_mtime == before
 
 
 HOLD = textwrap.dedent(

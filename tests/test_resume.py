@@ -175,6 +175,7 @@ def job(grid: dict, method: str, run_dir: Path, train: Path, infos: dict) -> lis
         "settings_path": str(settings),
         "run_dir": str(run_dir),
         "train_path": str(train),
+        "steps": G.run_length({"grid": grid}),
         "init_info": str(infos["policy"]),
         "memory_info": memory,
     }

@@ -134,6 +134,8 @@ def test_unchanged_rerun_plans_nothing(finished):
         ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 6, "evaluate": 6}),
         # one method's alpha: that method's runs only (iac is in three tables, trained once)
         ({"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}}, {"run_settings": 1, "train": 1, "evaluate": 1}),
+        # a longer run (CPU trainer): training resumes, nothing is re-stamped; this grid evaluates a run in one job
+        ({"train": {"steps": 6}}, {"train": 6, "evaluate": 6}),
         # how checkpoints are evaluated: every evaluation, no training
         ({"eval": {"temperature": 0.7}}, {"evaluate": 6}),
         # a table's method list (same runs): the aggregation only
@@ -141,7 +143,7 @@ def test_unchanged_rerun_plans_nothing(finished):
         # how many grading workers: how fast, never what; nothing reruns
         ({"workers": 2}, None),
     ],
-    ids=["train.lr", "one-alpha", "eval.temperature", "table-list", "workers"],
+    ids=["train.lr", "one-alpha", "train.steps", "eval.temperature", "table-list", "workers"],
 )
 def test_a_changed_setting_plans_exactly_what_reads_it(finished, change, expected):
     work = finished[0]

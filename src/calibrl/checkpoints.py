@@ -151,6 +151,20 @@ def claim(run_dir: str | Path, new: dict) -> bool:
     return False
 
 
+def date_settings(settings_path: str | Path) -> None:
+    """Date a freshly written ``settings.json`` to when its run's checkpoints were first stamped with the same
+    fingerprint, if they were. Rule run_settings can rerun with unchanged content (a forced upstream rule, a
+    data file rebuilt byte for byte); the training job then resumes and backdates its markers to their
+    checkpoints (:func:`write_marker`), and a settings file newer than those would make Snakemake plan the
+    training again on every invocation."""
+    settings_path = Path(settings_path)
+    ckpt_stamp = settings_path.parent / "ckpt" / STAMP
+    old, new = _read(ckpt_stamp), _read(settings_path)
+    if old is not None and new is not None and old.get("fingerprint") == new.get("fingerprint"):
+        when = ckpt_stamp.stat().st_mtime
+        os.utime(settings_path, (when, when))
+
+
 def _holds_files(path: Path) -> bool:
     """Work worth keeping: a file, or a folder with a file below it (Snakemake makes the empty ``ckpt/``
     folder of the markers before the job starts)."""

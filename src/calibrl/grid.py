@@ -198,6 +198,10 @@ def train_params(config: dict, run: Run) -> dict:
     m = method(config, run.method)
     memory = grid["models"][run.model].get("memory") if m.dlc_mu > 0 else None
     local = grid["trainer"] == "local"
+    # The CPU trainer's first k steps do not depend on how many follow (constant lr, data cursor from the
+    # seed), so a longer run resumes the shorter one's checkpoints: its length is the train rule's own param
+    # (run_length). OpenRLHF sizes its prompt stream from the step count, so there it is identity.
+    train = {k: v for k, v in grid["train"].items() if k != "steps"} if local else grid["train"]
     return {
         "run": run.path,
         "trainer": grid["trainer"],
@@ -205,7 +209,7 @@ def train_params(config: dict, run: Run) -> dict:
         "memory": {"name": memory, **architecture(grid, memory)} if memory else None,
         "method": {"name": run.method, **m.to_dict()},
         "seed": run.seed,
-        "train": grid["train"],
+        "train": train,
         "template": grid["prompt_template"],
         "chat_template": bool(grid.get("chat_template")),
         "enable_thinking": bool(grid.get("enable_thinking", False)),
@@ -214,6 +218,11 @@ def train_params(config: dict, run: Run) -> dict:
         "data_seed": grid["data"]["seed"],  # the order of the training queries
         "warmstart": {"settings": grid["warmstart"], "seed": grid["seed"]} if local else None,
     }
+
+
+def run_length(config: dict) -> int:
+    """How many steps a run trains (``grid.train.steps``): the train rule's param beside the settings stamp."""
+    return int(config["grid"]["train"]["steps"])
 
 
 def layout_params(config: dict, model: str) -> dict:

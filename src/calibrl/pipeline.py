@@ -105,12 +105,14 @@ def settings_job(
     stamp = checkpoints.stamp(settings, inputs)
     log.info("%s: fingerprint %s", settings["run"], stamp["fingerprint"])
     write_json(out_path, stamp)
+    checkpoints.date_settings(out_path)
 
 
 def train_job(
     settings_path: str,
     run_dir: str,
     train_path: str,
+    steps: int | None = None,
     init_info: str | None = None,
     memory_info: str | None = None,
     success_path: str | None = None,
@@ -125,6 +127,11 @@ def train_job(
     filtering baseline's success rates (``rank_job``); ``layout``: the paper-scale GPU layout."""
     stamp = json.loads(Path(settings_path).read_text())
     settings = stamp["settings"]
+    # steps: the run's length (calibrl.grid.run_length), outside the CPU trainer's stamp
+    length = {"steps": steps} if steps is not None else {}
+    settings = {**settings, "train": {**settings["train"], **length}}
+    if "steps" not in settings["train"]:
+        raise ValueError(f"{settings_path}: the run's length is not in its settings; pass steps (rule train's params)")
     with checkpoints.run_lock(run_dir):
         checkpoints.claim(run_dir, stamp)
         if settings["trainer"] == "openrlhf":

@@ -51,6 +51,7 @@ rule train:
         ),
         metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
     params:
+        steps=G.run_length(config),  # how far, not what: a longer CPU run resumes the shorter one's checkpoints
         layout=layout_params,  # paper scale: the GPU layout (how, not what: no part of the fingerprint)
         run_dir=run_dir,
     log:
