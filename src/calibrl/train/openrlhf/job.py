@@ -106,8 +106,14 @@ def train(settings: dict, layout: dict, train_path: str, run_dir: str, success_p
     tensorboard_metrics(run["paths"]["log_dir"], Path(run_dir) / "metrics.jsonl")
 
 
+# OpenRLHF 0.11.2's names for what the CPU trainer's metrics.jsonl calls otherwise. With --actor.entropy_coef 0
+# the actor logs the token-mean policy entropy as "entropy_loss" (ppo_actor.py), which the tables read as entropy.
+OPENRLHF_NAMES = {"entropy_loss": "entropy"}
+
+
 def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
-    """OpenRLHF's TensorBoard scalars as the project's metrics.jsonl (one line per step)."""
+    """OpenRLHF's training scalars (TensorBoard tags ``train/<name>``, as its TensorboardLogger writes them) as
+    the project's metrics.jsonl, one line per step; its ``eval/`` scalars are not training metrics."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     rows: dict[int, dict] = {}
@@ -115,7 +121,10 @@ def tensorboard_metrics(log_dir: str, out_path: str | Path) -> None:
         acc = EventAccumulator(str(events))
         acc.Reload()
         for tag in acc.Tags().get("scalars", []):
-            name = tag.split("/")[-1]
+            if not tag.startswith("train/"):
+                continue
+            name = tag.removeprefix("train/")
+            name = OPENRLHF_NAMES.get(name, name)
             for ev in acc.Scalars(tag):
                 rows.setdefault(int(ev.step), {"step": int(ev.step)})[name] = float(ev.value)
     write_text(out_path, "".join(json.dumps(rows[k]) + "\n" for k in sorted(rows)))
