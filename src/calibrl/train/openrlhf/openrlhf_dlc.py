@@ -93,11 +93,14 @@ def _make_worker_wrap():
     class DLCWorkerWrap(WorkerWrap):
         """OpenRLHF's ``WorkerWrap`` with a second weight-sync group for the memory (``memory.*`` names)."""
 
-        def init_process_group(self, address, port, rank_offset, world_size, group_name, backend="nccl", use_ray=False):
+        def init_process_group(
+            self, master_address, master_port, rank_offset, world_size, group_name, backend="nccl", use_ray=False
+        ):
+            args = (master_address, master_port, rank_offset, world_size, group_name, backend, use_ray)
             if group_name != MEMORY_GROUP:
-                return super().init_process_group(address, port, rank_offset, world_size, group_name, backend, use_ray)
+                return super().init_process_group(*args)
             saved = getattr(self, "_model_update_group", None), getattr(self, "_model_update_with_ray", False)
-            super().init_process_group(address, port, rank_offset, world_size, group_name, backend, use_ray)
+            super().init_process_group(*args)
             self._memory_group = self._model_update_group, self._model_update_with_ray
             self._model_update_group, self._model_update_with_ray = saved
 
