@@ -416,3 +416,139 @@ def test_rollout_benchmark_runs_quick():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^ratio DLC / floor, [^:]+: \d+\.\d\dx", proc.stdout, re.M), proc.stdout[-3000:]
     assert "machine:" in proc.stdout
+
+
+@pytest.mark.vllm
+def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
+    """The places openrlhf_dlc hooks into exist in the real OpenRLHF 0.11.2 with the shapes it assumes: the
+    engine args and the generator are patched in the real modules (vLLM imported), the worker extension
+    subclasses the real WorkerWrap with its signatures, and the trainer (which imports DeepSpeed, absent on
+    CPU) defines the two methods and attributes the patch uses, read from its source."""
+    import ast
+    import importlib.util
+    import inspect
+
+    from calibrl.train.openrlhf import openrlhf_dlc
+
+    engine_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_engine")
+    generator_mod = pytest.importorskip("openrlhf.trainer.ppo_utils.samples_generator")
+    wrap_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_worker_wrap")
+    monkeypatch.setenv(openrlhf_dlc.ENV_MU, "0.5")
+    tok = build_tokenizer()
+    for name in ("policy", "memory"):  # vLLM's engine args read the model's config
+        save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, tmp_path / name)
+    monkeypatch.setenv(openrlhf_dlc.ENV_MEMORY, str(tmp_path / "memory"))
+
+    # engines: RolloutRayActor reads vllm.AsyncEngineArgs from its module; the patched one is vLLM's class
+    monkeypatch.setattr(engine_mod.vllm, "AsyncEngineArgs", engine_mod.vllm.AsyncEngineArgs)
+    openrlhf_dlc.patch_engines(engine_mod)
+    args = engine_mod.vllm.AsyncEngineArgs(model=str(tmp_path / "policy"), dtype="float32")
+    assert args.hf_overrides["architectures"] == ["DLCQwen3ForCausalLM"] and args.hf_overrides["dlc_mu"] == 0.5
+    assert args.worker_extension_cls == "calibrl.train.openrlhf.openrlhf_dlc.DLCWorkerWrap"
+
+    # generator: every processed response is recorded before DAPO's filter; vLLM is asked for logprobs
+    cls = generator_mod.SamplesGenerator
+    monkeypatch.setattr(cls, "_process_response_into_experience", cls._process_response_into_experience)
+    monkeypatch.setattr(generator_mod, "SamplingParams", generator_mod.SamplingParams)
+    openrlhf_dlc.patch_generator(generator_mod)
+    response = {
+        "observation_tokens": [1, 5, 6, 7, 2],
+        "action_ranges": [(3, 5)],
+        "rollout_log_probs": [0.0, 0.0, 0.0, -0.5, -0.2],
+        "prompt": "p",
+        "label": "l",
+        "reward": 1.0,
+        "scores": 1.0,
+    }
+    gen = cls.__new__(cls)
+    experience = gen._process_response_into_experience(response, max_len=16)
+    seen = gen.__dict__["_calibrl_dlc_seen"]
+    assert len(seen) == 1 and seen[0] is experience
+    tokens, learn, logprobs = openrlhf_dlc.tokens_of(experience)
+    assert tokens[learn].tolist() == [7, 2] and logprobs[learn].tolist() == pytest.approx([-0.5, -0.2])
+    assert generator_mod.SamplingParams(temperature=1.0).logprobs == 1
+    source = inspect.getsource(cls._generate_vllm)  # the response is processed before the filter drops it
+    assert source.index("_process_response_into_experience") < source.index("dynamic_filtering and")
+
+    # the worker extension: the real WorkerWrap's methods, same signatures
+    ext = openrlhf_dlc.DLCWorkerWrap
+    assert issubclass(ext, wrap_mod.WorkerWrap)
+    for name in ("init_process_group", "update_weight"):
+        assert inspect.signature(getattr(ext, name)) == inspect.signature(getattr(wrap_mod.WorkerWrap, name)), name
+
+    # the trainer: train_step(self, rollout_samples, global_step) -> (status, step), init_checkpoint_states(self)
+    path = importlib.util.find_spec("openrlhf.trainer").submodule_search_locations[0] + "/ppo_trainer.py"
+    tree = ast.parse(open(path).read())
+    base = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BasePPOTrainer")
+    methods = {f.name: f for f in base.body if isinstance(f, ast.FunctionDef)}
+    assert [a.arg for a in methods["train_step"].args.args] == ["self", "rollout_samples", "global_step"]
+    assert [a.arg for a in methods["init_checkpoint_states"].args.args] == ["self"]
+    returns = [n.value for n in ast.walk(methods["train_step"]) if isinstance(n, ast.Return)]
+    assert returns and all(isinstance(r, ast.Tuple) and len(r.elts) == 2 for r in returns)
+    assigned = {
+        t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Attribute)
+    }
+    assert {"samples_generator", "vllm_engines"} <= assigned
+    text = open(path).read()
+    assert "args.ckpt.path" in text and "args.ckpt.save_steps" in text and "args.vllm.enable_sleep" in text
+
+
+def test_memory_loss_in_logit_chunks_equals_the_full_cross_entropy(tmp_path, monkeypatch):
+    """The memory actor's loss, computed from hidden states with the logits made a few rows at a time and
+    recomputed in backward (so 8k-token responses over Qwen3's vocabulary fit), equals the plain token-mean
+    cross-entropy over full logits, in value and gradient."""
+    from calibrl.train.openrlhf import memory_actor
+
+    tok = build_tokenizer()
+    save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=5), tok, tmp_path / "m")
+    monkeypatch.setattr(memory_actor, "LOGIT_CHUNK", 3)
+    trainer = memory_actor.MemoryTrainer(str(tmp_path / "m"), lr=1e-3, device="cpu", micro_batch=2)
+    g = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(4, 20, (n,), generator=g) for n in (7, 5, 9)]
+    learn = [torch.tensor([0] * 3 + [1] * (len(s) - 3)) for s in sequences]
+
+    ids, attention, target = memory_actor.pad_batch(sequences, learn, trainer.pad_id)
+    logits = trainer.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1].float()
+    reference = torch.nn.functional.cross_entropy(
+        logits[target[:, 1:]], ids[:, 1:][target[:, 1:]]
+    )  # the token mean over every response token of the step
+    reference.backward()
+    expected = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    trainer.model.zero_grad(set_to_none=True)
+
+    rows = []  # rows of logits the head makes at once: never more than a chunk
+    head = trainer.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, args, out: rows.append(out.numel() // out.shape[-1]))
+    value = trainer._loss(sequences, learn, backward=True)
+    hook.remove()
+    assert rows and max(rows) <= 3 and sum(rows) >= sum(int(m.sum()) for m in learn)  # forward + recomputation
+    assert value == pytest.approx(float(reference), rel=1e-5)
+    for name, p in trainer.model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], atol=1e-6), name
+    assert trainer.loss(sequences, learn) == pytest.approx(value, rel=1e-5)
+
+
+def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monkeypatch):
+    """The logged divergence check of the memory actor: sampling logprobs that are the composite's give ~0,
+    of another mu do not; it reads each sequence's first CHECK_TOKENS only (bounded memory at 8k tokens)."""
+    from calibrl.train.openrlhf import memory_actor
+
+    tok = build_tokenizer()
+    policy = _peaked(tok, dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=6))
+    save(policy, tok, tmp_path / "policy")
+    save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=7), tok, tmp_path / "m")
+    trainer = memory_actor.MemoryTrainer(str(tmp_path / "m"), lr=1e-3, device="cpu")
+    g = torch.Generator().manual_seed(1)
+    sequences = [torch.randint(4, 20, (n,), generator=g) for n in (9, 6)]
+    learn = [torch.tensor([0] * 2 + [1] * (len(s) - 2), dtype=torch.bool) for s in sequences]
+    ids, _, mask = memory_actor.pad_batch(sequences, learn, trainer.pad_id)
+    with torch.no_grad():
+        exact = composite_logprobs(policy, trainer.model.eval(), MU, ids, mask)
+    logprobs = [exact[i, : len(s)] for i, s in enumerate(sequences)]
+
+    stats = trainer.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
+    assert stats["check_max_abs"] < 1e-4 and stats["check_tokens"] == int(mask.sum())
+    assert trainer.check(str(tmp_path / "policy"), 0.0, sequences, learn, logprobs)["check_mean_abs"] > 1e-2
+    monkeypatch.setattr(memory_actor, "CHECK_TOKENS", 5)
+    stats = trainer.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
+    assert stats["check_max_abs"] < 1e-4 and stats["check_tokens"] == 2 * 3  # tokens 2..4 of each sequence

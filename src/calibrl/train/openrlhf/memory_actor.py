@@ -32,6 +32,13 @@ from calibrl.dlc import memory_loss
 log = logging.getLogger("calibrl.memory_actor")
 STATE = "memory_state.pt"
 WEIGHTS = "memory_hf"
+# Response tokens per logits chunk. Qwen3's vocabulary is 151,936: a micro-batch of 8 responses of 8k tokens
+# would hold 8 x 8,192 x 151,936 float32 logits (~40 GB) at once; chunks of 4,096 rows hold 2.5 GB, and the
+# backward pass recomputes each chunk's logits from its hidden states instead of keeping them.
+LOGIT_CHUNK = 4096
+# The divergence check reads each checked sequence's first tokens only (a prefix's logprobs do not depend on
+# what follows), one sequence at a time: 2,048 x 151,936 float32 logits per model, not a batch of 8k responses.
+CHECK_TOKENS = 2048
 
 
 def pad_batch(sequences: list[torch.Tensor], learn: list[torch.Tensor], pad_id: int):
@@ -83,16 +90,31 @@ class MemoryTrainer:
                 sequences[start : start + self.micro_batch], learn[start : start + self.micro_batch], self.pad_id
             )
             ids, attention, target = ids.to(self.device), attention.to(self.device), target.to(self.device)
-            logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1].float()
-            labels = ids[:, 1:].masked_fill(~target[:, 1:], -100)
-            n = int(target[:, 1:].sum())
-            if n == 0:
+            if not target[:, 1:].any():
                 continue
-            part = memory_loss(logits, labels) * (n / total)  # token mean over the whole step
+            hidden = self.model.base_model(input_ids=ids, attention_mask=attention.long()).last_hidden_state
+            rows = target[:, 1:]  # the positions whose next token is a response token
+            part = self._loss_sum(hidden[:, :-1][rows], ids[:, 1:][rows]) / total  # token mean over the step
             if backward:
                 part.backward()
             value += float(part.detach())
         return value
+
+    def _loss_sum(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed ``memory_loss`` of the next tokens ``labels`` (n,) from their hidden states (n, H), with the
+        logits made ``LOGIT_CHUNK`` rows at a time (checkpointed: recomputed in backward, never kept)."""
+        from torch.utils.checkpoint import checkpoint
+
+        head = self.model.get_output_embeddings()
+
+        def piece(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return memory_loss(head(h).float(), y) * len(y)
+
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, len(labels), LOGIT_CHUNK):
+            h, y = hidden[start : start + LOGIT_CHUNK], labels[start : start + LOGIT_CHUNK]
+            total = total + (checkpoint(piece, h, y, use_reentrant=False) if torch.is_grad_enabled() else piece(h, y))
+        return total
 
     def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """One AdamW step of cross-entropy on the sampled responses; returns the loss before the step."""
@@ -115,16 +137,21 @@ class MemoryTrainer:
             dtype = torch.bfloat16 if self.device.type == "cuda" else next(self.model.parameters()).dtype
             self._policy = AutoModelForCausalLM.from_pretrained(policy_path, dtype=dtype).to(self.device).eval()
             self._policy_path = policy_path
-        ids, _, target = pad_batch(list(sequences), list(learn), self.pad_id)
+        cut = slice(0, CHECK_TOKENS)
+        ids, _, target = pad_batch([s[cut] for s in sequences], [m[cut] for m in learn], self.pad_id)
         sample = torch.zeros(ids.shape)
+        recomputed = torch.zeros(ids.shape)
         for i, lp in enumerate(sample_logprobs):
-            sample[i, : len(lp)] = lp
+            sample[i, : len(lp[cut])] = lp[cut]
         self.model.eval()
         try:
-            recomputed = composite_logprobs(self._policy, self.model, mu, ids.to(self.device), target.to(self.device))
+            with torch.no_grad():
+                for i in range(len(ids)):
+                    row, mask = ids[i : i + 1].to(self.device), target[i : i + 1].to(self.device)
+                    recomputed[i : i + 1] = composite_logprobs(self._policy, self.model, mu, row, mask).cpu()
         finally:
             self.model.train()
-        return divergence(sample, recomputed.cpu(), target)
+        return divergence(sample, recomputed, target)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """``memory.<name>`` and the tensor (CPU) of every parameter: what the composite model loads."""
