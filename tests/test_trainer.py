@@ -133,3 +133,20 @@ def test_dlc_run_trains_the_memory(init_dir, records, scorer, tmp_path):
     metrics = trainer.train_step()
     assert "memory_loss" in metrics
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.memory.parameters()))
+
+
+def test_dlc_memory_learns_every_sampled_group_even_when_dapo_keeps_none(init_dir, records, tmp_path):
+    """Algorithm 1 line 22: m_phi takes its step on what was sampled, including the groups DAPO drops; a step
+    whose groups are all dropped leaves the policy alone but still trains the memory."""
+    mem_dir = tmp_path / "memory"
+    tok = build_tokenizer()
+    save(build_model(tok, seed=1, **ARCH), tok, mem_dir)
+    trainer = make(Method("grpo", dapo=True, dlc_mu=0.5), init_dir, records, lambda t, r: [(False, None)] * len(t),
+                   tmp_path / "run", memory=mem_dir)  # fmt: skip
+    trainer._dapo_keep = lambda batch: torch.zeros(len(batch.prompts), dtype=torch.bool)  # every group dropped
+    policy, memory = [p.clone() for p in trainer.policy.parameters()], [p.clone() for p in trainer.memory.parameters()]
+    metrics = trainer.train_step()
+    assert metrics["dapo_groups_kept"] == 0 and metrics["dapo_groups_sampled"] > 0
+    assert metrics["memory_loss"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(policy, trainer.policy.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(memory, trainer.memory.parameters()))

@@ -337,10 +337,10 @@ class Trainer:
         metrics = {"step": self.step + 1, **extra}
         if batches:
             metrics.update(self._update(batches))
-            if self.memory is not None:
-                metrics["memory_loss"] = self._update_memory(sampled)
-        else:  # DAPO found no informative group: nothing to learn from this step
+        else:  # DAPO found no informative group: nothing for the policy to learn from this step
             metrics.update(loss=0.0, kl=0.0, clip_frac=0.0, grad_norm=0.0)
+        if self.memory is not None and sampled:  # m_phi learns what was sampled, kept or not (Algorithm 1 l. 22)
+            metrics["memory_loss"] = self._update_memory(sampled)
         metrics.update(self._rollout_metrics(sampled))  # over every sampled group, as for the other methods
         metrics["seconds"] = time.perf_counter() - t0
         self.step += 1
