@@ -11,8 +11,9 @@ if __name__ == "__main__":
         params.run_dir,
         inp.train,
         steps=params.steps,
-        init_info=inp.get("init"),  # tiny models only: the paper's Hub models need no warm start
-        memory_info=inp.get("memory"),
+        # the warm starts (tiny models), or at paper scale the login node's downloads (rule download_model)
+        init_info=inp.get("init") or inp.get("hub"),
+        memory_info=inp.get("memory") or inp.get("hub_memory"),
         success_path=inp.get("success"),  # paper scale, filtering baseline: rank_train's success rates
         layout=params.layout,
         threads=snakemake.threads,

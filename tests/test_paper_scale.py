@@ -80,7 +80,13 @@ def test_paper_runs_reach_openrlhfs_parser_with_rendered_prompts(method, tmp_pat
     # rendered here, chat template and thinking switch included, exactly as evaluation renders it
     assert prepared[0]["prompt"] == queue({"x": prepared[:1]}, grid["prompt_template"], _chat_tokenizer())[0].prompt
     assert prepared[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    run = job.openrlhf_run(settings, G.layout_params({"grid": grid}, model), str(data), rows, str(tmp_path / "run"))
+    models = {"policy": str(tmp_path / "hub" / "policy"), "memory": str(tmp_path / "hub" / "memory")}
+    run = job.openrlhf_run(
+        settings, G.layout_params({"grid": grid}, model), str(data), rows, str(tmp_path / "run"), models
+    )
+    assert run["model"] == models["policy"] and run["memory_model"] == (models["memory"] if m.dlc_mu else None)
+    with pytest.raises(ValueError, match="download_model"):
+        job.openrlhf_run(settings, {}, str(data), rows, str(tmp_path / "run"), {})
     ours, rest = command.split_calibrl(command.build_command(run)[3:])
     args = command.check_openrlhf_argv(rest)
     # OpenRLHF takes the rendered field as it is: no second template

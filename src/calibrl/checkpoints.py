@@ -205,3 +205,30 @@ def check_marker(marker: str | Path, expected: str) -> dict:
             f"target (Snakemake plans the training job first) rather than forcing the evaluation alone."
         )
     return content
+
+
+def model_dir(info: str | None) -> str | None:
+    """The model folder a warm start's or a download's info file names (None for no file)."""
+    return json.loads(Path(info).read_text())["path"] if info else None
+
+
+def settings_job(
+    settings: dict,
+    out_path: str,
+    train_path: str,
+    init_info: str | None = None,
+    memory_info: str | None = None,
+    success_path: str | None = None,
+) -> None:
+    """Rule run_settings' job: the run's ``settings.json`` (:func:`stamp`): its config slice (``grid.train_params``) and
+    the digests of the files it trains from, which training and evaluation both check against."""
+    inputs = {
+        "train": digest(train_path),
+        "init": digest(model_dir(init_info)),
+        "memory": digest(model_dir(memory_info)),
+        "success": digest(success_path),
+    }
+    new = stamp(settings, inputs)
+    log.info("%s: fingerprint %s", settings["run"], new["fingerprint"])
+    write_json(out_path, new)
+    date_settings(out_path)

@@ -1,4 +1,5 @@
-"""Evaluate one checkpoint: n samples per problem on every evaluation split, graded, AVG@k and PASS@k.
+"""Evaluate checkpoints (rule evaluate's job, ``evaluate_job``): n samples per problem on every evaluation
+split, graded, AVG@k and PASS@k.
 
 AVG@k is the mean fraction of correct samples per problem; PASS@k the unbiased pass@k estimator
 (equal to "any of the k correct" when n == k). For the synthetic task the number of distinct correct
@@ -7,16 +8,22 @@ answers per problem (out of n samples) measures how many solution modes the poli
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from calibrl import checkpoints
+from calibrl import grid as G
+from calibrl.data.records import read_jsonl
+from calibrl.io import write_json
 from calibrl.logs import Progress
 from calibrl.metrics import split_metrics
 from calibrl.sampling import sample
-from calibrl.tasks import format_prompt
+from calibrl.tasks import Scorer, format_prompt
 
 log = logging.getLogger("calibrl.evaluate")
 
@@ -73,3 +80,33 @@ def evaluate_policy(
         results[name] = split_metrics(groups, lengths, k)
         log.info("%s: %s", name, results[name])
     return results
+
+
+def evaluate_job(
+    params: dict,
+    settings_path: str,
+    markers: list[str],
+    split_paths: dict[str, str],
+    out_paths: list[str],
+    steps: list[int],
+    threads: int = 1,
+    workers: int = 1,
+) -> None:
+    """Evaluate each checkpoint (``markers[i]`` -> ``out_paths[i]``, step ``steps[i]``; ``params``:
+    ``grid.eval_params``), after checking it was trained with the run's current settings (``settings_path``).
+
+    The splits are read once and one set of grading workers serves every checkpoint; each result is the
+    one the checkpoint gets when evaluated alone (sampling is seeded per checkpoint)."""
+    if not len(markers) == len(out_paths) == len(steps):
+        raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
+    settings = G.EvalSettings.from_params(params["settings"])
+    expected = json.loads(Path(settings_path).read_text())["fingerprint"]
+    ckpts = [checkpoints.check_marker(m, expected) for m in markers]  # all, before any work
+    torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
+    splits = {name: read_jsonl(path, on_error=params["on_error"]) for name, path in split_paths.items()}
+    with Scorer(workers=workers) as scorer:
+        for ckpt, out_path, step in zip(ckpts, out_paths, steps):
+            log.info("checkpoint step %d: %s", step, ckpt["policy"])
+            results = evaluate_checkpoint(settings, ckpt["policy"], splits, scorer.grades)
+            record = {"step": step, "policy": ckpt["policy"], "fingerprint": ckpt["fingerprint"]}
+            write_json(out_path, {**record, "sampling": params["settings"], "splits": results})

@@ -23,9 +23,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from calibrl.data.records import read_jsonl
+from calibrl.io import write_json
 from calibrl.logs import Progress
 from calibrl.metrics import split_metrics
-from calibrl.tasks import render_prompts
+from calibrl.tasks import Scorer, render_prompts
 
 log = logging.getLogger("calibrl.evaluate_vllm")
 
@@ -317,3 +319,14 @@ def rank_queries(params: dict, records: list[dict], grade: Callable) -> dict[str
         items, grade, sampling, engine, p["seed"], int(p.get("data_parallel_size", 1)), what="training prompts ranked"
     )
     return {it.record["id"]: sum(g.correct for g in group) / n for it, group in zip(items, grades)}
+
+
+def rank_job(params: dict, train_path: str, out_path: str, workers: int = 1) -> None:
+    """Success rate of every training query under the initial model (``params``: ``grid.rank_params``), the
+    ranking the filtering baseline drops the easiest share of (``calibrl.evaluate_vllm.rank_queries``)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is the login node's download (rule download_model)
+    records = read_jsonl(train_path, on_error=params["on_error"])
+    with Scorer(workers=workers) as scorer:
+        rates = rank_queries(params, records, scorer.grades)
+    model = {"model": params.get("hf_id", params["model"]), "revision": params.get("revision"), "path": params["model"]}
+    write_json(out_path, {**model, "samples": params["samples"], "rates": rates})

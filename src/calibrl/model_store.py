@@ -84,3 +84,17 @@ def _resolved_commit(hf_id: str, rev: str) -> str | None:
     except Exception as exc:  # the download worked; a missing sha only weakens the record
         log.warning("%s@%s: could not resolve the commit (%s)", hf_id, rev, exc)
         return None
+
+
+def download_model_job(params: dict, info_path: str) -> None:
+    """One Hub model into the shared folder, once, at its pinned revision (``params``: ``grid.download_params``;
+    ``calibrl.model_store``)."""
+    info = download(params["hf_id"], params["revision"], params["path"], info_path)
+    log.info(
+        "%s@%s (%s): %d files in %s",
+        info["hf_id"],
+        info["revision"],
+        info["resolved_revision"],
+        len(info["files"]),
+        info["path"],
+    )

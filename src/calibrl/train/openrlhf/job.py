@@ -22,18 +22,22 @@ from calibrl.train.openrlhf.data import LABEL_KEY, PROMPT_KEY, write_prompts
 log = logging.getLogger("calibrl.openrlhf")
 
 
-def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_dir: str) -> dict:
+def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_dir: str, models: dict) -> dict:
     """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from a ``grid.train_params``
-    slice and the model's GPU layout; ``data_path`` is the run's prepared prompts, ``rows`` their number."""
+    slice and the model's GPU layout; ``data_path`` is the run's prepared prompts, ``rows`` their number;
+    ``models``: the folders rule download_model made (``policy``, and ``memory`` for DLC), which Ray actors
+    read offline: never a Hub id, which every actor would fetch on a compute node."""
     method = {k: v for k, v in settings["method"].items() if k != "name"}
     res = dict(layout)
     nodes = int(res.pop("nodes", 1))
     run = Path(run_dir).resolve()  # Ray actors run elsewhere: every path they get is absolute
     memory = settings.get("memory")
+    if not models.get("policy") or (memory and not models.get("memory")):
+        raise ValueError(f"{settings['run']}: the downloaded model folders are missing ({models}); rule download_model")
     return {
         "name": settings["run"],
-        "model": settings["model"]["hf_id"],
-        "memory_model": memory["hf_id"] if memory else None,
+        "model": str(Path(models["policy"]).resolve()),
+        "memory_model": str(Path(models["memory"]).resolve()) if memory else None,
         "method": method,
         "seed": settings["seed"],
         "train": settings["train"],
@@ -56,18 +60,27 @@ def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_di
 
 
 def prepare_data(
-    settings: dict, train_path: str, out_path: str | Path, success_path: str | None = None, tokenizer=None
+    settings: dict,
+    train_path: str,
+    out_path: str | Path,
+    success_path: str | None = None,
+    tokenizer=None,
+    model_dir: str | None = None,
 ) -> int:
     """The run's training prompts for OpenRLHF, shuffled with the data seed (OpenRLHF's ``--data.max_samples``
     takes a prefix), the filtering baseline's queries removed by their success rates from ``rank_job``, and
-    rendered through the model's chat template (``tokenizer``; loaded from the model when ``chat_template``
-    is set and none is given) exactly as evaluation renders them. Returns the number of rows."""
+    rendered through the model's chat template (``tokenizer``; loaded from the downloaded ``model_dir`` when
+    ``chat_template`` is set and none is given) exactly as evaluation renders them. Returns the number of rows."""
     records = list(read_jsonl(train_path, on_error=settings["on_error"]))
     random.Random(f"train-order:{settings['data_seed']}").shuffle(records)
     if settings["chat_template"] and tokenizer is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(settings["model"]["hf_id"])
+        if not model_dir:
+            raise ValueError(
+                f"{settings['run']}: chat_template needs the downloaded model folder (rule download_model)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
     share = settings["method"]["filter_easiest"]
     keep = None
     if share > 0:
@@ -86,14 +99,18 @@ def prepare_data(
     return write_prompts(records, settings["template"], out_path, keep, tokenizer, settings["enable_thinking"])
 
 
-def train(settings: dict, layout: dict, train_path: str, run_dir: str, success_path: str | None = None) -> None:
+def train(
+    settings: dict, layout: dict, train_path: str, run_dir: str, models: dict, success_path: str | None = None
+) -> None:
     """Launch OpenRLHF for one run inside a private Ray cluster spanning the run's SLURM allocation, then turn
-    its TensorBoard scalars into the run's ``metrics.jsonl``."""
+    its TensorBoard scalars into the run's ``metrics.jsonl``. ``models``: the downloaded folders (policy,
+    memory); the job and every Ray actor run offline (``HF_HUB_OFFLINE=1``), as compute nodes often are."""
     from calibrl.train.openrlhf.command import build_command
 
+    os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by ray_cluster.sh and the actors it starts
     data_path = Path(run_dir) / "train_prompts.jsonl"
-    rows = prepare_data(settings, train_path, data_path, success_path)
-    run = openrlhf_run(settings, layout, str(data_path), rows, run_dir)
+    rows = prepare_data(settings, train_path, data_path, success_path, model_dir=models.get("policy"))
+    run = openrlhf_run(settings, layout, str(data_path), rows, run_dir, models)
     # Every run gets a Ray cluster of its own with token authentication (ray_cluster.sh), one node or several:
     # a bare ray.init() would start an open one. Inside the executor's job step SLURM_GPUS_ON_NODE is that
     # step's count, so the layout's GPUs per node are passed on.
