@@ -151,7 +151,13 @@ def eval_steps(config: dict) -> list[int]:
 
 def steps_of(train: dict) -> list[int]:
     """``eval_steps`` from the ``grid.train`` section alone (what a training job's params carry)."""
-    return list(range(train["eval_every"], train["steps"] + 1, train["eval_every"]))
+    return checkpoint_steps(train["eval_every"], train["steps"])
+
+
+def checkpoint_steps(eval_every: int, up_to: int) -> list[int]:
+    """The one rule for which steps have a checkpoint (and are evaluated): ``eval_every, 2 eval_every, ...``
+    up to and including ``up_to``."""
+    return list(range(int(eval_every), int(up_to) + 1, int(eval_every)))
 
 
 # ------------------------------------------------------------------------------ each job's config slice

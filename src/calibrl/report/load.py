@@ -36,12 +36,6 @@ def load_evals(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "method", "seed", "step", "split", "metric", "value"])
 
 
-def run_of(path: str | Path, root: str | Path, depth: int) -> tuple[str, str, int]:
-    """(model, method, seed) of a file ``depth`` levels below ``runs/{model}/{method}/s{seed}``."""
-    parts = Path(path).resolve().relative_to(Path(root).resolve()).parts
-    return parts[-3 - depth], parts[-2 - depth], int(parts[-1 - depth][1:])
-
-
 def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
     """One row per (model, method, seed, step, split, problem): correct samples out of n, distinct correct answers.
 
@@ -49,7 +43,7 @@ def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
     Evaluation files written before per-problem results were recorded give no rows."""
     frames = []
     for path in paths:
-        model, method, seed = run_of(path, root, 2)
+        model, method, seed = _run(Path(path), root)
         data = json.loads(Path(path).read_text())
         for split, m in data["splits"].items():
             per = m.get("per_problem")

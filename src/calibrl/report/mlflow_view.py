@@ -52,7 +52,7 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                 artifacts += [(p, "tables") for p in sorted((out / "tables").glob(f"{name}_vs_paper.*"))]
         records.append(
             RunRecord(
-                key=f"grid/{model}/{method}/s{seed}",
+                key=f"grid/{G.Run(model, method, seed).path}",
                 name=f"{method} s{seed} ({model})",
                 params={
                     "model": model,

@@ -34,7 +34,7 @@ from calibrl import filtering
 from calibrl.advantages import compute_advantages
 from calibrl.checkpoints import write_marker
 from calibrl.dlc import importance_weights, memory_loss
-from calibrl.grid import Method, TrainSettings
+from calibrl.grid import Method, TrainSettings, checkpoint_steps
 from calibrl.io import atomic_path, remove_temporaries, write_json
 from calibrl.logs import Progress
 from calibrl.models import load, save
@@ -426,7 +426,7 @@ class Trainer:
         if start is not None:
             self.resume(start)
             log.info("resumed from checkpoint step %d", start)
-            for done in range(self.s.eval_every, start + 1, self.s.eval_every):  # Snakemake may have removed them
+            for done in checkpoint_steps(self.s.eval_every, start):  # Snakemake may have removed them
                 write_marker(self.ckpt_dir / f"step_{done}.done", done, self.ckpt_dir / f"step_{done}" / "policy")
         # The metrics file is rebuilt from the checkpoint's own record: a rerun never duplicates lines, and
         # it does not matter whether Snakemake removed the file of the failed attempt.

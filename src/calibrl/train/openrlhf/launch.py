@@ -84,12 +84,13 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
     after training and on every (re)start. Returns the steps that have a marker now.
     """
     from calibrl.checkpoints import write_marker  # pandas: not imported by the workers that import this module
+    from calibrl.grid import checkpoint_steps
 
     if eval_every < 1 or steps < 1:
         raise ValueError(f"eval_every and steps must be >= 1, got {eval_every}, {steps}")
     found = hf_checkpoints(ckpt_dir)
     done = []
-    for step in range(eval_every, steps + 1, eval_every):
+    for step in checkpoint_steps(eval_every, steps):
         if step in found:
             write_marker(Path(marker_dir) / f"step_{step}.done", step, found[step])
             done.append(step)
@@ -239,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
 
     done = write_markers(ckpt_dir, marker_dir, eval_every, max_steps)
-    missing = sorted(set(range(eval_every, max_steps + 1, eval_every)) - set(done))
+    from calibrl.grid import checkpoint_steps
+
+    missing = sorted(set(checkpoint_steps(eval_every, max_steps)) - set(done))
     if missing:
         log.error("training ended without the checkpoints of steps %s in %s", missing, ckpt_dir)
         return 1
