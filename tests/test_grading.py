@@ -176,8 +176,17 @@ def test_grader_recovers_from_a_dead_worker():
         assert g.grade([(r"\boxed{\frac{1}{2}}", "0.5")])[0].correct  # starts the workers (not an integer pair)
         pids = list(g._pool._processes)  # the workers this test's Grader started
 
+        def cpu_ticks(pid: int) -> int:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+
         def kill_workers():
-            time.sleep(0.4)  # the first two items take >= 1 s each
+            # event-driven, not timed: kill once a worker is computing (the towers hang it until the 1 s
+            # timeout; the three items are one chunk), however loaded the machine is
+            start = {pid: cpu_ticks(pid) for pid in pids}
+            deadline = time.monotonic() + 60
+            while all(cpu_ticks(pid) < start[pid] + 3 for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.01)
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
 

@@ -182,4 +182,15 @@ def test_a_changed_training_setting_retrains_and_reports_the_new_numbers(finishe
     for marker in (folder / "ckpt").glob("step_*.done"):
         assert json.loads(marker.read_text())["fingerprint"] == new_stamp
     assert (res / "models" / "qwen3-tiny-m" / "init.json").stat().st_mtime_ns == warm
+    # what a user reads shows the new numbers: the tables and claims are redone from the new evaluations, and
+    # the run's MLflow view holds the new evaluation and the new learning rate
+    for table in (res / "tables" / "table2.csv", res / "claims.csv"):
+        assert table.stat().st_mtime > (folder / "eval" / "step_4.json").stat().st_mtime, table
+    client = MlflowClient(tracking_uri=f"sqlite:///{res / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(f"{cfg['mlflow_experiment']}-grid")
+    [mlrun] = client.search_runs([exp.experiment_id], "tags.method = 'grpo' and tags.seed = '0'")
+    k = cfg["grid"]["eval"]["k"]
+    history = {m.step: m.value for m in client.get_metric_history(mlrun.info.run_id, f"eval/test/avg_at_{k}")}
+    assert history[4] == pytest.approx(new_eval["splits"]["test"][f"avg_at_{k}"])
+    assert float(mlrun.data.params["grid.train.lr"]) == 0.003
     assert planned(work, lr) == {}
