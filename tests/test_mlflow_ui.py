@@ -1,6 +1,7 @@
 """The MLflow UI on the project's store, checked in a real headless Chromium: the experiment, its runs and a
 metric chart are shown. Screenshots go to results/mlflow_ui/ (view them)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +40,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def mlflow_server(store_uri: str):
+    """A real ``mlflow server`` on a free loopback port, once it answers /health (on a loaded 2-core machine
+    that can take minutes: polled until then, never a fixed wait)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
+                time.sleep(0.5)
+        else:
+            raise AssertionError("mlflow server did not answer /health in 5 minutes")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture
 def ui(tmp_path):
     store = Store(tmp_path / "mlflow")
@@ -53,36 +80,8 @@ def ui(tmp_path):
                 metrics=[("eval/test/avg_at_8", 0.2 + 0.01 * s + alpha / 10, s) for s in range(0, 100, 10)],
             ),
         )
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        store.uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
-                time.sleep(0.5)
+    with mlflow_server(store.uri) as url:
         yield url, store
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_experiment_runs_and_metric_chart_in_chromium(ui, tmp_path):
@@ -136,26 +135,8 @@ def grid_ui(tmp_path):
     evals, metrics = fake_run_results(res, runs, k=8, splits=("test", "ood"))
     aggregate_job(grid, evals, metrics, str(res), str(res / "aggregate.json"))
     sync_grid_mlflow(grid, evals, metrics, str(res), str(res / "mlflow"), "calibrl-ui", str(res / "grid_mlflow.json"))
-    port = free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{res / 'mlflow' / 'mlflow.db'}",
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):  # a loaded 2-core machine can take minutes to start the server
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
-                time.sleep(0.5)
-        else:
-            raise AssertionError("mlflow server did not answer /health in 5 minutes")
+    with mlflow_server(f"sqlite:///{res / 'mlflow' / 'mlflow.db'}") as url:
         yield url, json.loads((res / "grid_mlflow.json").read_text())
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_what_a_user_sees_first_is_the_training_runs_and_the_claims(grid_ui, tmp_path):
