@@ -46,7 +46,8 @@ def train_job(
     """Train one run to ``train.steps`` under the run's lock, resuming from its last checkpoint when that was
     made with the same settings and inputs (``settings_path``: its ``settings.json``; ``calibrl.checkpoints``).
 
-    ``init_info``/``memory_info``: the warm starts (tiny models); ``success_path``: at paper scale, the
+    ``init_info``/``memory_info``: the info files of the warm starts (tiny models) or, at paper scale, of the
+    login node's downloads (rule download_model); ``steps``: the run's length; ``success_path``: at paper scale, the
     filtering baseline's success rates (``rank_job``); ``layout``: the paper-scale GPU layout."""
     stamp = json.loads(Path(settings_path).read_text())
     settings = stamp["settings"]
