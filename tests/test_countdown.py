@@ -262,3 +262,19 @@ def test_parse_expression_never_crashes(text):
         a, op, b = parsed
         assert op in cd.OPS and 0 <= a < 10**cd.MAX_DIGITS and 0 <= b < 10**cd.MAX_DIGITS
         assert f"{a}{op}{b}" in text.replace(" ", "").replace("\t", "")
+
+
+def test_cached_comparison_is_math_verifys_verdict():
+    """The grader's cached parse + verify gives math-verify's own verdict on fresh parses, pair by pair (repeated
+    pairs, in both orders, hit the caches)."""
+    import math_verify
+
+    rng = random.Random(7)
+    pairs = [
+        (str(rng.randint(1, 60)), f"{rng.randint(1, 30)}{rng.choice('+-*')}{rng.randint(1, 30)}") for _ in range(300)
+    ]
+    pairs += pairs[::-1] + [("15", "3*5"), ("15", "20-5"), ("-3", "2-5"), ("0", "4-4")]
+    for gold, expression in pairs:
+        expected = bool(math_verify.verify(math_verify.parse(gold), math_verify.parse(expression)))
+        assert cd._math_verify_equal(gold, expression) == expected, (gold, expression)
+    assert cd._parse.cache_info().hits > 0 and cd._math_verify_equal.cache_info().hits > 0

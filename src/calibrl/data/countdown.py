@@ -28,6 +28,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 OPS = ("+", "-", "*")
 MAX_DIGITS = 6  # operands longer than this are malformed (bounds the work and the int size)
@@ -174,20 +175,30 @@ def parse_problem(text: str) -> tuple[list[int], int] | None:
 # ------------------------------------------------------------------ grading
 
 
-def _math_verify_equal(gold: str, expression: str) -> bool:
-    import math_verify  # imported lazily: sympy is slow to import and only graders need it
-
+def _main_thread() -> bool:
     # math-verify's timeouts use signal.alarm, which only works in the main thread; the expressions
     # here are two bounded integers, so off the main thread the timeouts are simply turned off.
-    if threading.current_thread() is threading.main_thread():
-        return bool(math_verify.verify(math_verify.parse(gold), math_verify.parse(expression)))
-    return bool(
-        math_verify.verify(
-            math_verify.parse(gold, parsing_timeout=None),
-            math_verify.parse(expression, parsing_timeout=None),
-            timeout_seconds=None,
-        )
-    )
+    return threading.current_thread() is threading.main_thread()
+
+
+# math-verify's parse and verify are pure functions of their inputs, and the inputs recur all the time (about a
+# hundred targets, `a op b` over small numbers): each distinct string is parsed once per process and each distinct
+# pair compared once, so the verdict is math-verify's without re-parsing the same text every step.
+@lru_cache(maxsize=1 << 14)
+def _parse(text: str) -> tuple:
+    import math_verify  # imported lazily: sympy is slow to import and only graders need it
+
+    return tuple(math_verify.parse(text) if _main_thread() else math_verify.parse(text, parsing_timeout=None))
+
+
+@lru_cache(maxsize=1 << 16)
+def _math_verify_equal(gold: str, expression: str) -> bool:
+    import math_verify
+
+    gold_parsed, expr_parsed = list(_parse(gold)), list(_parse(expression))
+    if _main_thread():
+        return bool(math_verify.verify(gold_parsed, expr_parsed))
+    return bool(math_verify.verify(gold_parsed, expr_parsed, timeout_seconds=None))
 
 
 def _record_numbers(record: Mapping) -> list[int] | None:
