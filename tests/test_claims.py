@@ -6,7 +6,8 @@ The calibration simulates experiments from recorded results (tests/data/recorded
 per problem, the correct samples out of n = 8 of GRPO, 4 seeds, on the embedded grid's main model at step 100;
 regenerate with ``make_recorded`` below from a finished run): each simulated seed of each arm is a recorded seed
 drawn at random, its problems drawn with replacement from the recorded problems (the same draw for both arms and
-every seed: common problems), and fresh evaluation samples drawn binomially around the recorded rates."""
+every seed: common problems), and fresh evaluation samples drawn binomially around the recorded rates, scored as
+AVG@8 or as the unbiased PASS@8; the claims are a difference of two arms, or a "best of" claim over three."""
 
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibrl.metrics import pass_at_k
 from calibrl.report import claims as C
 from calibrl.report import stats as S
 
@@ -59,32 +61,46 @@ def recorded() -> pd.DataFrame:
     return pd.read_csv(RECORDED)
 
 
-def simulate(rec: pd.DataFrame, seeds: int, rng: np.random.Generator, shift: float = 0.0) -> S.Sample:
-    """One experiment with two arms of the recorded method (``shift`` added to arm a's success rate)."""
+def simulate(
+    rec: pd.DataFrame, seeds: int, rng: np.random.Generator, shift: float = 0.0, metric: str = "avg", arms=("a", "b")
+) -> S.Sample:
+    """One experiment with arms of the recorded method (``shift`` added to arm a's success rate), each problem
+    scored as AVG@n (``metric`` "avg") or the unbiased PASS@n from the same fresh samples ("pass")."""
     wide = rec.pivot_table(index="seed", columns=["split", "problem"], values="correct")
     n = int(rec["n"].iloc[0])
     rates = (wide.to_numpy() + 0.5) / (n + 1)  # recorded seeds x problems, kept off 0 and 1
     splits = wide.columns.get_level_values("split").to_numpy()
     cols = np.concatenate([rng.choice(np.flatnonzero(splits == s), (splits == s).sum()) for s in np.unique(splits)])
-    arms = {}
-    for arm, delta in (("a", shift), ("b", 0.0)):
+    values = {}
+    for arm in arms:
+        delta = shift if arm == "a" else 0.0
         p = np.clip(rates[rng.integers(0, len(rates), seeds)][:, cols] + delta, 0, 1)
-        arms[arm] = rng.binomial(n, p) / n  # AVG@n per problem: fresh evaluation samples
-    return _sample(arms["a"], arms["b"], splits[cols])
+        correct = rng.binomial(n, p)  # fresh evaluation samples
+        values[arm] = correct / n if metric == "avg" else np.vectorize(lambda c: pass_at_k(n, int(c), n))(correct)
+    counts = pd.Series(splits[cols]).map(pd.Series(splits[cols]).value_counts()).to_numpy()
+    weights = 1.0 / (counts * len(set(splits)))
+    return S.Sample(values, weights, pd.factorize(splits[cols])[0], list(range(seeds)))
 
 
-@pytest.mark.parametrize("seeds", [3, 5])
-def test_calibration_same_method_under_two_names(seeds):
-    """False-positive rate of a single claim (no Holm) at the nominal 5%, on 400 null experiments."""
+@pytest.mark.parametrize(
+    ("seeds", "metric", "kind"),
+    [(2, "avg", "diff"), (3, "avg", "diff"), (5, "avg", "diff"), (2, "pass", "diff"), (3, "pass", "diff"),
+     (5, "pass", "diff"), (3, "avg", "best"), (3, "pass", "best")],
+)  # fmt: skip
+def test_calibration_same_method_under_two_names(seeds, metric, kind):
+    """False-positive rate of a single claim (no Holm) at the nominal 5%, on 400 null experiments: a difference
+    of two arms, or a "best of" claim (arm a above the best of two others; all three the same method)."""
     rec = recorded()
-    rng = np.random.default_rng(seeds)
+    rng = np.random.default_rng(seeds + 10 * (metric == "pass") + 100 * (kind == "best"))
+    claim = C.Claim("null", "test", "m", metric, kind, ("a", "b") if kind == "diff" else ("a", "b", "c"))
     sims = 400
     decided = 0
     for i in range(sims):
-        e = S.bootstrap(simulate(rec, seeds, rng), lambda m: m["a"] - m["b"], reps=300, seed=i)
+        sample = simulate(rec, seeds, rng, metric=metric, arms=claim.arms)
+        e = S.bootstrap(sample, claim.contrast, reps=300, seed=i, linear=kind == "diff")
         decided += S.verdict(e.estimate, e.p) != "inconclusive"
     rate = decided / sims
-    print(f"calibration: {seeds} seeds per arm, false-positive rate {rate:.3f} over {sims} null experiments")
+    print(f"calibration: {kind} {metric}, {seeds} seeds per arm, false-positive rate {rate:.3f} over {sims} runs")
     # nominal 0.05; allow Monte Carlo noise (sd of a rate over 400 runs at 0.05: 0.011)
     assert rate <= S.LEVEL + 0.03
 
