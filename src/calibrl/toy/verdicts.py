@@ -189,6 +189,8 @@ def render_markdown(comp: pd.DataFrame, summary: pd.DataFrame, settings: dict) -
         "else it is inconclusive. Thresholds are contrasted with the baseline. `dominance` is the share of the",
         "correct mass held by the larger of p(Cat), p(Persian) (0.5 balanced, 1 collapsed); its time average",
         "(`dominance_auc`) measures collapse speed. `heldout_auc` is the time average of p(Siamese | Siamese).",
+        "`results/claims.csv` carries each claim's deciding comparison into one Holm family with the RLVR grid's",
+        "claims, so a claim that holds here can be inconclusive there (never the reverse).",
         "",
         "Setting: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
         "",
