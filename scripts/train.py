@@ -1,7 +1,8 @@
-"""Snakemake script of rule train (calibrl.pipeline.train_job). Guarded: grading workers re-import __main__."""
+"""Snakemake script of rule train (calibrl.pipeline.train_job; with the CPU evaluator, then evaluate_job on the
+run's checkpoints). Guarded: grading workers re-import __main__."""
 
 from calibrl.logs import setup
-from calibrl.pipeline import train_job
+from calibrl.pipeline import evaluate_job, train_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])
@@ -19,3 +20,14 @@ if __name__ == "__main__":
         threads=snakemake.threads,
         workers=snakemake.resources.grading_workers,
     )
+    if params.evaluation:  # INLINE_EVAL (workflow/rules/common.smk): each checkpoint's result file
+        evaluate_job(
+            params.evaluation,
+            inp.settings,
+            list(snakemake.output.markers),
+            dict(zip(params.split_names, inp.splits)),
+            list(snakemake.output.evals),
+            [int(step) for step in params.eval_steps],
+            snakemake.threads,
+            snakemake.resources.grading_workers,
+        )

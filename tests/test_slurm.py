@@ -105,6 +105,7 @@ def micro_config(workdir: Path) -> dict:
     grid["warmstart"].update(steps=2, batch_size=4)
     grid["train"].update(steps=2, eval_every=2, prompts_per_step=2, group_size=2, filter_samples=2)
     grid["eval"].update(n=8, k=8)  # the tables report AVG@8 / PASS@8
+    grid["eval"]["per_checkpoint"] = True  # evaluation in its own SLURM job, as at paper scale (vLLM)
     grid["extra_seeds"] = {}
     grid["methods"] = {"grpo": grid["methods"]["grpo"]}
     grid["tables"] = {"table2_3": ["grpo"], "table4": ["grpo"], "table5": ["grpo"], "figure6": ["grpo"]}

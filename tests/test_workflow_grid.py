@@ -130,14 +130,15 @@ def test_unchanged_rerun_plans_nothing(finished):
 @pytest.mark.parametrize(
     "change, expected",
     [
-        # a training setting: every run's settings, training and evaluation; no data, warm start or toy
-        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 6, "evaluate": 6}),
+        # a training setting: every run's settings and training (which evaluates its checkpoints, CPU evaluator)
+        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 6}),
         # one method's alpha: that method's runs only (iac is in three tables, trained once)
-        ({"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}}, {"run_settings": 1, "train": 1, "evaluate": 1}),
-        # a longer run (CPU trainer): training resumes, nothing is re-stamped; this grid evaluates a run in one job
-        ({"train": {"steps": 6}}, {"train": 6, "evaluate": 6}),
-        # how checkpoints are evaluated: every evaluation, no training
-        ({"eval": {"temperature": 0.7}}, {"evaluate": 6}),
+        ({"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}}, {"run_settings": 1, "train": 1}),
+        # a longer run (CPU trainer): training resumes, nothing is re-stamped
+        ({"train": {"steps": 6}}, {"train": 6}),
+        # how checkpoints are evaluated: every run's job, which resumes from its last checkpoint (nothing to
+        # train, test_an_evaluation_setting_re_evaluates_without_training) and evaluates again
+        ({"eval": {"temperature": 0.7}}, {"train": 6}),
         # a table's method list (same runs): the aggregation only
         ({"tables": {"table5": ["iac", "grpo", "filter"]}}, {}),
         # how many grading workers: how fast, never what; nothing reruns
@@ -152,6 +153,31 @@ def test_a_changed_setting_plans_exactly_what_reads_it(finished, change, expecte
         assert jobs == {}
     else:
         assert jobs == {**expected, "aggregate": 1, "grid_mlflow": 1, "all": 1}
+
+
+def test_an_evaluation_setting_re_evaluates_without_training(finished):
+    """CPU trainer and evaluator: a changed evaluation setting reruns the training jobs, which resume from their
+    last checkpoint (no step is trained again, the checkpoints and metrics stay as they are) and evaluate every
+    checkpoint with the new setting."""
+    work, _ = finished
+    cfg = yaml.safe_load((work / MICRO).read_text())
+    res = work / cfg["results"]
+    run = G.Run("qwen3-tiny-m", "grpo", 0)
+    folder = res / "runs" / run.path
+    stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
+    metrics = (folder / "metrics.jsonl").read_text()
+    weights = sorted((p.name, p.stat().st_mtime_ns) for p in (folder / "ckpt").rglob("*.safetensors"))
+    temperature = overlay(work, "temperature.yaml", {"eval": {"temperature": 0.7}})
+    snakemake(work, "--cores", "2", "--configfile", MICRO, temperature)
+    log = (res / "logs" / "train" / f"{run.path}.log").read_text()
+    last = max(G.eval_steps(cfg))
+    assert f"resumed from checkpoint step {last}" in log and "train steps" not in log, log[-3000:]
+    assert (folder / "metrics.jsonl").read_text() == metrics
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (folder / "ckpt").rglob("*.safetensors")) == weights
+    for step in G.eval_steps(cfg):
+        result = json.loads((folder / "eval" / f"step_{step}.json").read_text())
+        assert result["sampling"]["temperature"] == 0.7 and result["fingerprint"] == stamp
+    assert planned(work, temperature) == {}
 
 
 def test_a_changed_training_setting_retrains_and_reports_the_new_numbers(finished):

@@ -35,6 +35,11 @@ EVAL_STEPS = G.eval_steps(config)
 # Data files under results/data/: "train" plus the evaluation splits (synthetic, or Hub datasets).
 SPLITS = list(dict.fromkeys(["train", *GRID["data"].get("splits", {}), *GRID["data"]["eval_splits"]]))
 LOCAL = GRID["trainer"] == "local"
+# CPU trainer and CPU evaluator: the training job evaluates its run's checkpoints when it has trained them (in the
+# same process, so the seconds of start-up an evaluation job pays are paid once per run). Otherwise (vLLM, or
+# grid.eval.per_checkpoint) rule evaluate runs one job per checkpoint.
+INLINE_EVAL = LOCAL and GRID["evaluator"] == "local" and not GRID["eval"].get("per_checkpoint", False)
+EVAL_SPLITS = GRID["data"]["eval_splits"]
 MODELS = list(GRID["models"]) + list(GRID.get("memory_models", {}))
 
 

@@ -45,15 +45,25 @@ rule train:
     input:
         unpack(train_inputs),
         settings=run_settings,
+        splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS) if INLINE_EVAL else [],
     output:
         markers=expand(
             res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS
         ),
         metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
+        # CPU trainer and evaluator: the checkpoints' evaluations, made in the same job once trained (INLINE_EVAL)
+        evals=expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS)
+        if INLINE_EVAL
+        else [],
     params:
         steps=G.run_length(config),  # how far, not what: a longer CPU run resumes the shorter one's checkpoints
         layout=layout_params,  # paper scale: the GPU layout (how, not what: no part of the fingerprint)
         run_dir=run_dir,
+        # INLINE_EVAL: how the checkpoints are evaluated; a change reruns the job, which resumes from its last
+        # checkpoint (nothing to train) and evaluates again
+        evaluation=EVAL_PARAMS if INLINE_EVAL else None,
+        split_names=EVAL_SPLITS,
+        eval_steps=EVAL_STEPS,
     log:
         res("logs/train/{model}/{method}/s{seed}.log"),
     threads: 1
