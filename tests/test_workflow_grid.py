@@ -155,15 +155,20 @@ def test_a_changed_setting_plans_exactly_what_reads_it(finished, change, expecte
         assert jobs == {**expected, "aggregate": 1, "grid_mlflow": 1, "all": 1}
 
 
+def grpo_s0(work):
+    """The micro grid's config, results folder, and its GRPO seed-0 run with that run's folder."""
+    cfg = yaml.safe_load((work / MICRO).read_text())
+    res = work / cfg["results"]
+    run = G.Run("qwen3-tiny-m", "grpo", 0)
+    return cfg, res, run, res / "runs" / run.path
+
+
 def test_an_evaluation_setting_re_evaluates_without_training(finished):
     """CPU trainer and evaluator: a changed evaluation setting reruns the training jobs, which resume from their
     last checkpoint (no step is trained again, the checkpoints and metrics stay as they are) and evaluate every
     checkpoint with the new setting."""
     work, _ = finished
-    cfg = yaml.safe_load((work / MICRO).read_text())
-    res = work / cfg["results"]
-    run = G.Run("qwen3-tiny-m", "grpo", 0)
-    folder = res / "runs" / run.path
+    cfg, res, run, folder = grpo_s0(work)
     stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
     metrics = (folder / "metrics.jsonl").read_text()
     weights = sorted((p.name, p.stat().st_mtime_ns) for p in (folder / "ckpt").rglob("*.safetensors"))
@@ -185,10 +190,7 @@ def test_a_changed_training_setting_retrains_and_reports_the_new_numbers(finishe
     the new learning rate, never resuming the old checkpoints, its evaluations and tables are redone, the
     warm starts are not, and a second run plans nothing."""
     work, _ = finished
-    cfg = yaml.safe_load((work / MICRO).read_text())
-    res = work / cfg["results"]
-    run = G.Run("qwen3-tiny-m", "grpo", 0)
-    folder = res / "runs" / run.path
+    cfg, res, run, folder = grpo_s0(work)
     old_stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
     old_metrics = (folder / "metrics.jsonl").read_text()
     old_eval = json.loads((folder / "eval" / "step_4.json").read_text())
