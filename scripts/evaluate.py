@@ -2,6 +2,7 @@
 
 Guarded: grading workers re-import __main__."""
 
+from calibrl import grid as G
 from calibrl.logs import setup
 from calibrl.pipeline import evaluate_job
 
@@ -9,8 +10,8 @@ if __name__ == "__main__":
     setup(snakemake.log[0])
     p = snakemake.params
     splits = dict(zip(p.split_names, snakemake.input.splits))
-    markers = snakemake.input.markers
-    markers = [markers] if isinstance(markers, str) else list(markers)
+    # each checkpoint's own marker, beside its result (the input is what trains it: marker or segment)
+    markers = [G.marker_of(out) for out in snakemake.output]
     steps = [int(step) for step in p.steps]
     evaluate_job(
         p.settings,
@@ -21,4 +22,5 @@ if __name__ == "__main__":
         steps,
         snakemake.threads,
         snakemake.resources.grading_workers,
+        retention=G.retention(snakemake.config),  # from the config, not params: see calibrl.grid.retention
     )

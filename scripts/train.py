@@ -16,11 +16,13 @@ if __name__ == "__main__":
         init_info=inp.get("init") or inp.get("hub"),
         memory_info=inp.get("memory") or inp.get("hub_memory"),
         success_path=inp.get("success"),  # paper scale, filtering baseline: rank_train's success rates
-        layout=params.layout,
+        layout=params.get("layout"),
+        # paper scale: this segment's last step, and the file that says it is trained
+        segment=(params.end, snakemake.output[0]) if params.get("end") else None,
         threads=snakemake.threads,
         workers=snakemake.resources.grading_workers,
     )
-    if params.evaluation:  # INLINE_EVAL (workflow/rules/common.smk): each checkpoint's result file
+    if params.get("evaluation"):  # INLINE_EVAL (workflow/rules/common.smk): each checkpoint's result file
         evaluate_job(
             params.evaluation,
             inp.settings,

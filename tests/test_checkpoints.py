@@ -179,3 +179,61 @@ def test_two_trainers_never_write_one_run(tmp_path):
     after = subprocess.run([sys.executable, "-c", code, str(run), str(taken)], capture_output=True, text=True)
     assert after.returncode == 0 and taken.exists(), after.stderr[-2000:]
     assert f"took over the lock of pid {holder.pid}" in after.stderr, after.stderr[-2000:]
+
+
+def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
+    """grid.retention at paper scale: once its result is written, an OpenRLHF checkpoint (global_step{k}_hf) is
+    removed unless it is the run's newest or listed; its marker stays, so training counts the step as done;
+    evaluating it again says what happened and what to do."""
+    from calibrl.data.records import write_jsonl
+    from calibrl.evaluate import evaluate_job
+    from calibrl.models import build_model, build_tokenizer, save
+    from calibrl.train.openrlhf.launch import write_markers
+
+    tok = build_tokenizer()
+    ckpt = tmp_path / "ckpt" / "openrlhf"
+    for step in (2, 4, 6, 8):
+        save(
+            build_model(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=16),
+            tok,
+            ckpt / f"global_step{step}_hf",
+        )
+    stamp = checkpoints.stamp({"run": "m/grpo/s0"}, {})
+    (tmp_path / "settings.json").write_text(json.dumps(stamp))
+    (tmp_path / "ckpt" / checkpoints.STAMP).write_text(json.dumps(stamp))
+    assert write_markers(ckpt, tmp_path / "ckpt", 2, 8) == [2, 4, 6, 8]
+    write_jsonl(tmp_path / "test.jsonl", [{"id": "a", "problem": "1 + 1", "answer": "2", "source": "test"}])
+    params = G.eval_params({"grid": {**CONFIG["grid"], "eval": {**CONFIG["grid"]["eval"], "n": 2, "k": 2}}})
+    keep = {"remove_evaluated": True, "keep_steps": [4]}
+
+    def evaluate(*steps):
+        markers = [str(tmp_path / "ckpt" / f"step_{s}.done") for s in steps]
+        outs = [str(tmp_path / "eval" / f"step_{s}.json") for s in steps]
+        evaluate_job(
+            params,
+            str(tmp_path / "settings.json"),
+            markers,
+            {"test": str(tmp_path / "test.jsonl")},
+            outs,
+            list(steps),
+            workers=0,
+            retention=keep,
+        )
+
+    evaluate(2, 4, 8)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step4_hf", "global_step6_hf", "global_step8_hf"]
+    assert all((tmp_path / "eval" / f"step_{s}.json").exists() for s in (2, 4, 8))
+    assert write_markers(ckpt, tmp_path / "ckpt", 2, 8) == [2, 4, 6, 8]  # a resumed segment: nothing missing
+    with pytest.raises(FileNotFoundError, match="removed after its evaluation.*keep_steps"):
+        evaluate(2)
+    evaluate(6)  # not the newest any more: removed too
+    assert not (ckpt / "global_step6_hf").exists()
+    keep["remove_evaluated"] = False
+    evaluate(8)
+    assert (ckpt / "global_step8_hf").exists()
+
+
+def test_an_evaluation_names_its_checkpoints_marker():
+    assert G.marker_of("res/runs/m/grpo/s0/eval/step_50.json") == "res/runs/m/grpo/s0/ckpt/step_50.done"
+    with pytest.raises(ValueError, match="not an evaluation file"):
+        G.marker_of("res/runs/m/grpo/s0/metrics.jsonl")

@@ -747,3 +747,41 @@ def test_dlc_logits_processor_matches_the_calibrated_distribution():
     opt = torch.optim.AdamW(memory.parameters(), lr=1e-2)
     losses = [dlc.memory_step(memory, opt, seqs, attention, generated) for _ in range(5)]
     assert losses[-1] < losses[0]  # m_phi learns what was sampled
+
+
+def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monkeypatch, tmp_path):
+    """loss_agg seq-mean-token-sum-norm: the command passes the generation budget, the setup hook patches
+    OpenRLHF 0.11.2's real aggregate_loss, and PolicyLoss then returns token sums / (B x L), the value
+    calibrl.train.local.aggregate gives on the same per-token losses; KL and entropy keep token-mean."""
+    from calibrl.train.local import aggregate
+    from calibrl.train.openrlhf import loss_norm
+
+    ours, args = parsed(paper_run("drgrpo", GRID["drgrpo"], tmp_path))
+    assert args.actor.loss_agg_mode == "token-mean" and ours["loss_norm_len"] == str(TRAIN["max_new_tokens"])
+    assert "loss_norm_len" not in parsed(paper_run("grpo", GRID["grpo"], tmp_path))[0]
+    env = launch.runtime_env(0.0, 10, None, int(ours["loss_norm_len"]))["env_vars"]
+    assert env[loss_norm.ENV] == ours["loss_norm_len"]
+
+    import openrlhf.models.loss as L
+
+    original = L.aggregate_loss
+    monkeypatch.setattr(L, "aggregate_loss", original)  # undone after the test
+    torch.manual_seed(0)
+    B, T, budget = 4, 7, 10
+    mask = (torch.arange(T) < torch.tensor([7, 3, 5, 1]).unsqueeze(1)).float()
+    logp, old, adv = torch.randn(B, T) * 0.1, torch.randn(B, T) * 0.1, torch.randn(B, 1).expand(B, T)
+    loss_fn = L.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=3.0, token_level_loss=True)
+    totals = {"dp_size": 1, "batch_num_tokens": mask.sum(), "global_batch_size": torch.tensor(float(B))}
+    token_mean = loss_fn(logp, old, adv, action_mask=mask, **totals)[0]
+
+    per_token = {}
+    monkeypatch.setattr(L, "aggregate_loss", lambda loss, m, **kw: per_token.setdefault("x", loss).sum())
+    loss_fn(logp, old, adv, action_mask=mask, **totals)
+    monkeypatch.setattr(L, "aggregate_loss", original)
+    monkeypatch.setenv(loss_norm.ENV, str(budget))
+    iac_patch.apply()  # the setup hook: openrlhf.models.loss is imported, so it is patched now
+    normed = loss_fn(logp, old, adv, action_mask=mask, **totals)[0]
+    assert torch.allclose(normed, token_mean * mask.sum() / (B * budget), atol=1e-6)
+    assert torch.allclose(normed, aggregate(per_token["x"], mask, "seq-mean-token-sum-norm", budget), atol=1e-6)
+    iac_patch.apply()  # idempotent: wrapped once
+    assert torch.allclose(loss_fn(logp, old, adv, action_mask=mask, **totals)[0], normed)

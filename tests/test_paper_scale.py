@@ -82,7 +82,12 @@ def test_paper_runs_reach_openrlhfs_parser_with_rendered_prompts(method, tmp_pat
     assert prepared[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     models = {"policy": str(tmp_path / "hub" / "policy"), "memory": str(tmp_path / "hub" / "memory")}
     run = job.openrlhf_run(
-        settings, G.layout_params({"grid": grid}, model), str(data), rows, str(tmp_path / "run"), models
+        settings,
+        G.layout_params({"grid": grid}, G.Run(model, method, 0)),
+        str(data),
+        rows,
+        str(tmp_path / "run"),
+        models,
     )
     assert run["model"] == models["policy"] and run["memory_model"] == (models["memory"] if m.dlc_mu else None)
     with pytest.raises(ValueError, match="download_model"):
@@ -175,7 +180,11 @@ def test_engine_and_request_settings_of_the_paper_grid():
     """What the vLLM evaluator hands the engine at paper scale (the real engine runs in tests/test_vllm_eval.py
     on CPU, where it needs float32 and eager mode: grid.eval.dtype / enforce_eager)."""
     settings = G.EvalSettings.from_params(G.eval_params({"grid": PAPER["grid"]})["settings"])
-    assert (settings.dtype, settings.enforce_eager, settings.data_parallel_size) == ("bfloat16", False, 1)
+    assert (settings.dtype, settings.enforce_eager, settings.data_parallel_size) == (
+        "bfloat16",
+        False,
+        8,
+    )  # one engine per GPU of a node
     kwargs = engine_kwargs("/m", settings.seed, 2, settings.max_prompt_len + settings.max_new_tokens)
     assert kwargs == {
         "model": "/m",

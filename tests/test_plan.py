@@ -51,14 +51,20 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     assert rows["data_download"].jobs == 7  # DeepScaleR + six benchmarks
     assert rows["download_model"].jobs == 4  # 4B, 8B, 14B and DLC's 1.7B memory
     assert rows["rank_train"].jobs == 1  # only qwen3-8b runs the filtering baseline
-    assert rows["train"].jobs == len(trains) == 22
+    assert len(trains) == 22 and rows["train"].jobs == 5 * 4 + 17 * 8  # runs in segments of 500 / 250 steps
     assert rows["evaluate"].jobs == 880  # 22 runs x 40 checkpoints
     # model downloads: the four checkpoints in bf16, from the configs' parameter counts
     ids = ["Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"]
     assert rows["download_model"].disk_gb == pytest.approx(sum(P.parameters(i) * 2 for i in ids) / 1e9)
-    # an 8B run keeps 40 HF checkpoints (8.19e9 x 2 bytes) and one DeepSpeed state (14 bytes per parameter)
+    # an 8B run keeps its newest HF checkpoint and a segment's 5 awaiting evaluation (8.19e9 x 2 bytes each;
+    # grid.retention removes the evaluated ones) and one DeepSpeed state (14 bytes per parameter)
     grpo8 = next(t for t in trains if t.note.startswith("qwen3-8b/grpo/"))
-    assert grpo8.disk_gb == pytest.approx(P.parameters("Qwen/Qwen3-8B") * (40 * 2 + 14) / 1e9)
+    assert grpo8.disk_gb == pytest.approx(P.parameters("Qwen/Qwen3-8B") * (6 * 2 + 14) / 1e9)
+    keep_all = copy.deepcopy(PAPER)
+    keep_all["grid"]["retention"]["remove_evaluated"] = False
+    grpo8_all = next(t for t in P.plan(keep_all)[1] if t.note.startswith("qwen3-8b/grpo/"))
+    assert grpo8_all.disk_gb == pytest.approx(P.parameters("Qwen/Qwen3-8B") * (40 * 2 + 14) / 1e9)
+    assert grpo8.jobs == 8 and grpo8.job_h < 48 and grpo8.wall_h > 48  # each segment fits a 48 h limit
     assert grpo8.gpus == 8 and next(t for t in trains if "qwen3-14b" in t.note).gpus == 16
     # DLC and DAPO cost more than the plain run on the same model
     dlc = next(t for t in trains if "dapo_iac_dlc" in t.note)
@@ -69,13 +75,15 @@ def test_the_paper_grid_is_planned_rule_by_rule():
 def test_totals_are_sums_of_the_rules():
     rows, trains = P.plan(PAPER)
     by = {r.rule: r for r in rows}
-    t = P.totals(rows)
+    t = P.totals(rows, trains)
     assert t["gpu_hours"] == pytest.approx(sum(r.gpu_hours for r in rows))
     assert t["disk_gb"] == pytest.approx(sum(r.disk_gb for r in rows))
     assert by["train"].gpu_hours == pytest.approx(sum(tr.gpu_hours for tr in trains))
     assert by["train"].disk_gb == pytest.approx(sum(tr.disk_gb for tr in trains))
-    assert by["train"].wall_h == max(tr.wall_h for tr in trains)
-    assert t["critical_path_h"] == pytest.approx(sum(r.wall_h for r in rows))
+    assert by["train"].wall_h == max(tr.job_h for tr in trains)  # a job is a segment
+    # a run's segments follow one another: the path holds the longest run, not one segment
+    longest = max(tr.wall_h for tr in trains)
+    assert t["critical_path_h"] == pytest.approx(sum(r.wall_h for r in rows) - by["train"].wall_h + longest)
     # every evaluation of one model costs the same: the summed GPU-hours are per-model job counts x wall
     assert by["evaluate"].gpu_hours <= by["evaluate"].jobs * by["evaluate"].wall_h * by["evaluate"].gpus
 
@@ -87,8 +95,8 @@ def test_costs_scale_with_steps_and_samples():
     longer["grid"]["train"]["steps"] = 4000
     rows, trains = _rows(longer)
     startup = a["engine_startup_s"] / 3600
-    for b, t in zip(base_trains, trains):
-        assert t.wall_h - startup == pytest.approx(2 * (b.wall_h - startup))
+    for b, t in zip(base_trains, trains):  # twice the steps in twice the segments, each starting engines
+        assert t.wall_h == pytest.approx(2 * b.wall_h) and t.jobs == 2 * b.jobs
     assert rows["evaluate"].jobs == 2 * base["evaluate"].jobs  # twice the checkpoints at eval_every 50
     more = copy.deepcopy(PAPER)
     more["grid"]["eval"]["n"] = 16
@@ -96,11 +104,11 @@ def test_costs_scale_with_steps_and_samples():
     assert rows["evaluate"].wall_h - startup == pytest.approx(2 * (base["evaluate"].wall_h - startup))
     assert rows["train"].gpu_hours == pytest.approx(base["train"].gpu_hours)  # training untouched
     # data-parallel evaluation engines divide the wall time, not the GPU-hours (up to the start-up)
-    dp = copy.deepcopy(PAPER)
-    dp["grid"]["eval"]["data_parallel_size"] = 8
-    rows, _ = _rows(dp)
-    assert rows["evaluate"].gpus == 8
-    assert rows["evaluate"].wall_h - startup == pytest.approx((base["evaluate"].wall_h - startup) / 8)
+    one = copy.deepcopy(PAPER)
+    one["grid"]["eval"]["data_parallel_size"] = 1
+    rows, _ = _rows(one)
+    assert base["evaluate"].gpus == 8 and rows["evaluate"].gpus == 1
+    assert rows["evaluate"].wall_h - startup == pytest.approx(8 * (base["evaluate"].wall_h - startup))
     # a measured throughput replaces the formula for that model
     fast, _ = _rows(
         PAPER,
@@ -130,10 +138,10 @@ def test_slurm_runtimes_are_checked_against_the_estimates(tmp_path):
 
 
 def test_gpu_requests_of_the_vllm_rules_are_checked():
-    gpus = P.slurm_gpus(ROOT / "slurm" / "config.yaml")
-    # the vLLM rules ask for `gpu`; train asks for whole nodes (`gres: gpu:8` per node), not read here
-    assert gpus["evaluate"] >= 1 and gpus["rank_train"] >= 1
-    assert P.check_gpus(PAPER, {"evaluate": 1, "rank_train": 1}) == []  # one engine on one GPU
+    # the rules request their GPUs from the config; a `gpu` in the profile would replace that request
+    assert P.slurm_gpus(ROOT / "slurm" / "config.yaml") == {}
+    assert P.check_gpus(PAPER, {"evaluate": 8, "rank_train": 8}) == []  # 8 engines on 8 GPUs
+    assert len(P.check_gpus(PAPER, {"evaluate": 1})) == 1
     dp = copy.deepcopy(PAPER)
     dp["grid"]["eval"].update(data_parallel_size=4, tensor_parallel_size=2)
     warnings = P.check_gpus(dp, {"evaluate": 8, "rank_train": 1})

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -232,3 +233,27 @@ def settings_job(
     log.info("%s: fingerprint %s", settings["run"], new["fingerprint"])
     write_json(out_path, new)
     date_settings(out_path)
+
+
+_STEP_DIR = re.compile(r"global_step(\d+)_hf")
+
+
+def release(policy: str | Path, step: int, keep_steps: list[int]) -> bool:
+    """Remove an evaluated Hugging Face checkpoint (OpenRLHF's ``global_step{k}_hf``) unless it is the newest
+    of its run or ``keep_steps`` names it (``grid.retention``). Its marker stays: training counts the step as
+    done, and an evaluation that needs it again says that it was removed. Returns whether it was removed."""
+    path = Path(policy)
+    m = _STEP_DIR.fullmatch(path.name)
+    if not m or not path.is_dir():
+        return False  # not an OpenRLHF checkpoint (the CPU trainer's are small and resumed from)
+    newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
+    if step in keep_steps or step >= newest:
+        return False
+    shutil.rmtree(path)
+    log.info(
+        "removed the evaluated checkpoint of step %d (%s); grid.retention keeps %s and the newest",
+        step,
+        path,
+        keep_steps,
+    )
+    return True

@@ -91,17 +91,27 @@ def evaluate_job(
     steps: list[int],
     threads: int = 1,
     workers: int = 1,
+    retention: dict | None = None,
 ) -> None:
     """Evaluate each checkpoint (``markers[i]`` -> ``out_paths[i]``, step ``steps[i]``; ``params``:
     ``grid.eval_params``), after checking it was trained with the run's current settings (``settings_path``).
 
     The splits are read once and one set of grading workers serves every checkpoint; each result is the
-    one the checkpoint gets when evaluated alone (sampling is seeded per checkpoint)."""
+    one the checkpoint gets when evaluated alone (sampling is seeded per checkpoint). ``retention``
+    (``grid.retention``): with ``remove_evaluated``, a paper-scale checkpoint is removed once its result is
+    written, unless it is the run's newest or one of ``keep_steps`` (``calibrl.checkpoints.release``)."""
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
     settings = G.EvalSettings.from_params(params["settings"])
     expected = json.loads(Path(settings_path).read_text())["fingerprint"]
     ckpts = [checkpoints.check_marker(m, expected) for m in markers]  # all, before any work
+    for ckpt in ckpts:
+        if not Path(ckpt["policy"]).is_dir():
+            raise FileNotFoundError(
+                f"{ckpt['policy']}: the checkpoint of step {ckpt['step']} is gone, removed after its evaluation "
+                "(grid.retention.remove_evaluated) or by hand. To evaluate it again, add its step to "
+                "grid.retention.keep_steps and retrain the run (snakemake --forcerun train)."
+            )
     torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
     splits = {name: read_jsonl(path, on_error=params["on_error"]) for name, path in split_paths.items()}
     with Scorer(workers=workers) as scorer:
@@ -110,3 +120,5 @@ def evaluate_job(
             results = evaluate_checkpoint(settings, ckpt["policy"], splits, scorer.grades)
             record = {"step": step, "policy": ckpt["policy"], "fingerprint": ckpt["fingerprint"]}
             write_json(out_path, {**record, "sampling": params["settings"], "splits": results})
+            if retention and retention["remove_evaluated"]:
+                checkpoints.release(ckpt["policy"], step, retention["keep_steps"])

@@ -144,6 +144,15 @@ def runs(config: dict) -> list[Run]:
     return list(dict.fromkeys(wanted))
 
 
+def marker_of(eval_path: str) -> str:
+    """The marker of the checkpoint an evaluation file is of: ``runs/<run>/eval/step_k.json`` ->
+    ``runs/<run>/ckpt/step_k.done`` (``calibrl.checkpoints.write_marker``)."""
+    head, _, name = str(eval_path).rpartition("/eval/")
+    if not head or not name.endswith(".json"):
+        raise ValueError(f"{eval_path}: not an evaluation file runs/<run>/eval/step_<k>.json")
+    return f"{head}/ckpt/{name.removesuffix('.json')}.done"
+
+
 def eval_steps(config: dict) -> list[int]:
     """The checkpoint steps that are evaluated: every ``eval_every`` steps up to ``steps``."""
     return steps_of(config["grid"]["train"])
@@ -158,6 +167,31 @@ def checkpoint_steps(eval_every: int, up_to: int) -> list[int]:
     """The one rule for which steps have a checkpoint (and are evaluated): ``eval_every, 2 eval_every, ...``
     up to and including ``up_to``."""
     return list(range(int(eval_every), int(up_to) + 1, int(eval_every)))
+
+
+def segment_ends(config: dict, run: Run) -> list[int]:
+    """Where a paper-scale run's training jobs stop: every ``segment_steps`` of its layout (a multiple of
+    ``eval_every``; unset: the whole run in one job) and at ``steps``. Each segment is one SLURM job that
+    resumes from the previous one's checkpoint, so a run longer than a SLURM time limit still finishes."""
+    steps = int(config["grid"]["train"]["steps"])
+    every = int(layout_params(config, run).get("segment_steps") or steps)
+    return sorted({*range(every, steps, every), steps})
+
+
+def segment_of(config: dict, run: Run, step: int) -> int:
+    """The end of the segment that trains checkpoint ``step``."""
+    return next(end for end in segment_ends(config, run) if end >= step)
+
+
+def retention(config: dict) -> dict:
+    """What happens to a paper-scale run's Hugging Face checkpoints once evaluated (``grid.retention``):
+    ``remove_evaluated`` (bool) and ``keep_steps`` (always kept). Read by the evaluation job from the config, not
+    its params: it changes no result, and a changed param would re-evaluate checkpoints already removed."""
+    spec = config["grid"].get("retention", {})
+    return {
+        "remove_evaluated": bool(spec.get("remove_evaluated", False)),
+        "keep_steps": list(spec.get("keep_steps", [])),
+    }
 
 
 # ------------------------------------------------------------------------------ each job's config slice
@@ -231,10 +265,13 @@ def run_length(config: dict) -> int:
     return int(config["grid"]["train"]["steps"])
 
 
-def layout_params(config: dict, model: str) -> dict:
-    """The GPU layout of a paper-scale run (``grid.models.<model>.resources``): how it is computed, not what,
-    so it is no part of the fingerprint."""
-    return dict(config["grid"]["models"][model].get("resources", {}))
+def layout_params(config: dict, run: Run) -> dict:
+    """The GPU layout of a paper-scale run (``calibrl.layout.effective``: the model's ``resources``, with their
+    ``dlc`` keys for a DLC run): how it is computed, not what, so it is no part of the fingerprint."""
+    from calibrl import layout
+
+    resources = config["grid"]["models"][run.model].get("resources", {})
+    return layout.effective(resources, method(config, run.method).dlc_mu > 0)
 
 
 def eval_params(config: dict) -> dict:
@@ -331,6 +368,45 @@ def changed_keys(old, new, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".") or "(all)"]
 
 
+# Keys a backend never reads (dotted under grid), with why: set, they would look as if they acted.
+IGNORED = {
+    "trainer": {
+        "openrlhf": {
+            "warmstart": "Hub models are the paper's starting points (no warm start)",
+            "train.dapo_max_gen_batches": "OpenRLHF's dynamic sampling refills a batch until the data run out",
+        },
+        "local": {
+            "retention": "the CPU trainer's checkpoints are small and resumed from",
+            "models_dir": "tiny models are built here, never downloaded",
+        },
+    },
+    "evaluator": {
+        "local": {
+            f"eval.{k}": "an engine setting of evaluator vllm"
+            for k in ("dtype", "enforce_eager", "data_parallel_size", "tensor_parallel_size")
+        },
+        "vllm": {"eval.per_checkpoint": "evaluator vllm always runs one job per checkpoint"},
+    },
+}
+
+
+def ignored_keys(grid: dict) -> list[tuple[str, str]]:
+    """(key, why) for each key set in ``grid`` that its trainer or evaluator does not read."""
+    out = []
+    for role, backends in IGNORED.items():
+        for key, why in backends.get(grid[role], {}).items():
+            node: object = grid
+            for part in key.split("."):
+                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+            if node is not KeyError:
+                out.append((f"grid.{key}", f"grid.{role} {grid[role]} does not read it ({why}); remove it"))
+    train = grid["train"]
+    if grid["trainer"] == "openrlhf" and train.get("ppo_minibatches", 1) != 1:
+        what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
+        out.append(("grid.train.ppo_minibatches", what))
+    return out
+
+
 def problems(config: dict) -> list[tuple[str, str]]:
     """Cross-key checks a JSON schema cannot express, as (dotted key, what is wrong); [] when all hold.
 
@@ -388,4 +464,20 @@ def problems(config: dict) -> list[tuple[str, str]]:
     for name, spec in grid["models"].items():
         if spec.get("memory") and spec["memory"] not in grid.get("memory_models", {}):
             out.append((f"grid.models.{name}.memory", f"{spec['memory']!r} is not one of grid.memory_models"))
+    out += ignored_keys(grid)
+    for name, spec in grid["models"].items():
+        for key, lay in (
+            ("resources", spec.get("resources", {})),
+            ("resources.dlc", spec.get("resources", {}).get("dlc", {})),
+        ):
+            every = lay.get("segment_steps")
+            if every and every % train["eval_every"]:
+                what = f"{every} is not a multiple of grid.train.eval_every ({train['eval_every']})"
+                out.append((f"grid.models.{name}.{key}.segment_steps", what + ": a segment ends on a checkpoint"))
+    broken = ("grid.tables", "grid.extra_seeds", "grid.main_model", "grid.models", "grid.memory_models")
+    if grid["trainer"] == "openrlhf" and not any(k.startswith(broken) for k, _ in out):  # the runs can be listed
+        from calibrl import layout
+
+        used = [(r.model, method(config, r.method)) for r in runs(config)]
+        out += layout.problems(grid, [(m, layout.uses_kl(x.to_dict(), train), x.dlc_mu > 0) for m, x in used])
     return out

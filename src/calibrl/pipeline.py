@@ -16,6 +16,7 @@ JOBS = {
     "warmstart_job": "calibrl.train.jobs",  # rule warmstart
     "settings_job": "calibrl.checkpoints",  # rule run_settings
     "train_job": "calibrl.train.jobs",  # rule train
+    "metrics_job": "calibrl.train.openrlhf.job",  # rule train_metrics (paper scale)
     "rank_job": "calibrl.evaluate_vllm",  # rule rank_train
     "evaluate_job": "calibrl.evaluate",  # rule evaluate
 }

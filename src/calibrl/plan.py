@@ -39,7 +39,6 @@ from calibrl import grid as G
 ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "gpu_peak_tflops": (989.0, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16"),
     "gpu_hbm_tb_per_s": (3.35, "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3"),
-    "gpus_per_node": (8, "the paper trains on 8-GPU nodes (Section 4.1); slurm/config.yaml train gpu: 8"),
     "gen_mfu": (0.35, "assumption: vLLM batched decode reaches ~1/3 of peak on the weight matmuls"),
     "gen_kv_efficiency": (0.6, "assumption: paged-attention KV reads at ~60% of HBM bandwidth"),
     "train_mfu": (0.3, "assumption: DeepSpeed ZeRO bf16 training, typical 30-40% MFU for 4-14B"),
@@ -58,7 +57,6 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
     "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
     "ds_checkpoints_kept": (1, "assumption: one DeepSpeed state per run kept for resume (--ckpt.max_num)"),
-    "hf_checkpoints_kept": (0, "0: every evaluated HF checkpoint kept; N > 0: only the newest N (rotation)"),
     "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
     "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
     "eval_gpus": (1, "GPUs of one evaluation job when grid.eval sets none (slurm/config.yaml evaluate gpu: 1)"),
@@ -135,6 +133,7 @@ class Row:
     disk_gb: float
     note: str = ""
     summed_gpu_hours: float | None = None
+    job_h: float | None = None  # one job's hours where a job is part of the row (a training segment)
 
     @property
     def gpu_hours(self) -> float:
@@ -163,19 +162,21 @@ def _eval_gpus(config: dict, a: dict) -> int:
 
 
 def train_row(config: dict, run: G.Run, a: dict) -> Row:
-    """One training run (``grid.train``, the model's ``resources`` layout, its method's extra work)."""
+    """One training run (``grid.train``, its layout (``calibrl.layout``), its method's extra work); ``jobs`` is
+    its number of segments, ``wall_h`` the longest segment's hours (one SLURM job)."""
+    from calibrl import layout as L
+
     grid = config["grid"]
     tr = grid["train"]
     hf = _hf(config, run.model)
     n_params = parameters(hf)
     m = G.method(config, run.method)
-    layout = grid["models"][run.model].get("resources", {})
-    nodes = int(layout.get("nodes", 1))
-    gpus = nodes * int(a["gpus_per_node"])
-    gen_gpus = int(layout.get("vllm_engines", 1)) * int(layout.get("vllm_tensor_parallel_size", 1))
-    if layout.get("colocate", False):
-        gen_gpus = gpus
-    actor_gpus = nodes * int(layout.get("actor_gpus_per_node", a["gpus_per_node"]))
+    lay = G.layout_params(config, run)
+    roles = L.roles(lay, L.uses_kl(m.to_dict(), tr), m.dlc_mu > 0)
+    gpus = int(lay["nodes"]) * int(lay["gpus_per_node"])
+    res = roles["resources"]
+    gen_gpus = gpus if lay["colocate_all"] else res["vllm_engines"] * res["vllm_tensor_parallel_size"]
+    actor_gpus = roles["actor_gpus"]
     sequences = tr["prompts_per_step"] * tr["group_size"]
     gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus)
     tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
@@ -188,14 +189,24 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     if m.dapo:
         gen *= a["dapo_generation_factor"]
     train = flops / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12 * actor_gpus)
-    wall = tr["steps"] * (gen + train + a["step_overhead_s"]) + a["engine_startup_s"]
+    step = gen + train + a["step_overhead_s"]
+    ends = G.segment_ends(config, run)
+    longest = max(b - e for b, e in zip(ends, [0, *ends]))
+    segment_h = (longest * step + a["engine_startup_s"]) / 3600
+    run_h = (tr["steps"] * step + len(ends) * a["engine_startup_s"]) / 3600
     checkpoints = len(G.steps_of(tr))
-    kept = checkpoints if not a["hf_checkpoints_kept"] else min(checkpoints, int(a["hf_checkpoints_kept"]))
+    keep = G.retention(config)
+    # removed once evaluated: the newest, the kept steps, and about one segment's worth awaiting evaluation
+    waiting = longest // int(tr["eval_every"])
+    kept = min(checkpoints, 1 + len(keep["keep_steps"]) + waiting) if keep["remove_evaluated"] else checkpoints
     disk = kept * n_params * a["hf_bytes_per_param"] + a["ds_checkpoints_kept"] * n_params * a["ds_bytes_per_param"]
     if memory:
         disk += kept * parameters(_hf(config, memory)) * a["hf_bytes_per_param"]
-    note = f"{run.path}: step {gen:.0f} s generation + {train:.0f} s training on {gpus} GPUs"
-    return Row("train", 1, gpus, wall / 3600, _gb(disk), note)
+    note = (
+        f"{run.path}: {len(ends)} segments of <= {longest} steps, {segment_h:.1f} h each; a step "
+        f"{gen:.0f} s generation + {train:.0f} s training on {gpus} GPUs"
+    )
+    return Row("train", len(ends), gpus, run_h, _gb(disk), note, run_h * gpus, segment_h)
 
 
 def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[Row]]:
@@ -243,11 +254,11 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     rows.append(
         Row(
             "train",
-            len(trains),
+            sum(t.jobs for t in trains),
             max(t.gpus for t in trains),
-            max(t.wall_h for t in trains),
+            max(t.job_h for t in trains),
             sum(t.disk_gb for t in trains),
-            f"{len(trains)} runs; longest shown",
+            f"{len(trains)} runs in segments; longest segment shown, longest run {max(t.wall_h for t in trains):.0f} h",
             sum(t.gpu_hours for t in trains),
         )
     )
@@ -274,16 +285,19 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     return rows, trains
 
 
-def totals(rows: list[Row]) -> dict:
+def totals(rows: list[Row], trains: list[Row] | None = None) -> dict:
     """The whole grid: GPU-hours and disk summed over rules; wall time with every job of a rule running at
     once and the rules one after another (downloads, rank_train, the longest run, an evaluation, aggregate):
     an upper bound on the critical path with unlimited GPUs (only the filtering run waits for rank_train)."""
     by = {r.rule: r for r in rows}
     path = ["data_download", "download_model", "rank_train", "train", "evaluate", "aggregate"]
+    hours = {name: by[name].wall_h for name in path if name in by}
+    if trains:  # a run's segments follow one another: the longest run, not one segment
+        hours["train"] = max(t.wall_h for t in trains)
     return {
         "gpu_hours": sum(r.gpu_hours for r in rows),
         "disk_gb": sum(r.disk_gb for r in rows),
-        "critical_path_h": sum(by[name].wall_h for name in path if name in by),
+        "critical_path_h": sum(hours.values()),
     }
 
 
@@ -337,19 +351,22 @@ def check_gpus(config: dict, gpus: dict[str, int]) -> list[str]:
     ]
 
 
-def render(rows: list[Row], trains: list[Row], overrides: dict | None = None) -> str:
-    """The plan as text: per rule, per training run, totals, then the assumptions with their sources."""
+def render(rows: list[Row], trains: list[Row], overrides: dict | None = None, brief: bool = False) -> str:
+    """The plan as text: per rule, per training run, totals, then the assumptions with their sources
+    (``brief``: the rules and totals only)."""
     a = assumptions(overrides)
     lines = [f"{'rule':<16}{'jobs':>6}{'GPUs/job':>10}{'wall h/job':>12}{'GPU-h':>12}{'disk GB':>10}  note"]
     for r in rows:
         lines.append(
             f"{r.rule:<16}{r.jobs:>6}{r.gpus:>10g}{r.wall_h:>12.2f}{r.gpu_hours:>12.0f}{r.disk_gb:>10.1f}  {r.note}"
         )
-    t = totals(rows)
+    t = totals(rows, trains)
     lines.append(
         f"{'total':<16}{'':>6}{'':>10}{t['critical_path_h']:>12.1f}{t['gpu_hours']:>12.0f}"
         f"{t['disk_gb']:>10.1f}  wall: rules in sequence, unlimited GPUs (upper bound)"
     )
+    if brief:
+        return "\n".join(lines)
     lines += ["", "training runs:"] + [
         f"  {tr.wall_h:7.1f} h  {tr.gpu_hours:7.0f} GPU-h  {tr.disk_gb:7.1f} GB  {tr.note}" for tr in trains
     ]

@@ -48,6 +48,7 @@ wildcard_constraints:
     method="|".join(re.escape(m) for m in GRID["methods"]),
     seed=r"\d+",
     step=r"\d+",
+    end=r"\d+",
     split="|".join(SPLITS),
 
 
@@ -78,10 +79,21 @@ def train_params(wildcards):
 
 
 def layout_params(wildcards):
-    return G.layout_params(config, wildcards.model)
+    return G.layout_params(config, run_of(wildcards))
+
+
+def train_request(wildcards):
+    """Paper scale: the SLURM request (whole nodes and their GPUs) the run's layout needs (calibrl.layout)."""
+    from calibrl.layout import slurm_request
+
+    return slurm_request(layout_params(wildcards))
 
 
 EVAL_PARAMS = G.eval_params(config)
+# vLLM evaluation and ranking: one node with the GPUs of its engines (grid.eval data_parallel_size x
+# tensor_parallel_size); the CPU evaluator asks for none.
+ENGINE_GPUS = int(GRID["eval"].get("data_parallel_size", 1)) * int(GRID["eval"].get("tensor_parallel_size", 1))
+ENGINE_REQUEST = {"nodes": 1, "gres": f"gpu:{ENGINE_GPUS}"} if GRID["evaluator"] == "vllm" else {}
 
 
 def rank_params(wildcards):
@@ -110,6 +122,38 @@ def train_inputs(wildcards):
         if method.filter_easiest > 0:  # the CPU trainer ranks its own queries at step 0
             inputs["success"] = res(f"models/{wildcards.model}/train_success.json")
     return inputs
+
+
+def segment_marker(run, end):
+    return res(f"runs/{run.path}/ckpt/segment_{end}.done")
+
+
+def previous_segment(wildcards):
+    """Paper scale: the segment a training job resumes from ([] for the first)."""
+    run, end = run_of(wildcards), int(wildcards.end)
+    ends = G.segment_ends(config, run)
+    if end not in ends:
+        raise ValueError(f"{run.path}: {end} is not a segment end of this run ({ends}; resources.segment_steps)")
+    earlier = [e for e in ends if e < end]
+    return [segment_marker(run, earlier[-1])] if earlier else []
+
+
+def last_segment(wildcards):
+    run = run_of(wildcards)
+    return segment_marker(run, G.segment_ends(config, run)[-1])
+
+
+def trained_checkpoint(wildcards):
+    """What an evaluation waits for: the checkpoint's marker (CPU trainer), or at paper scale the segment that
+    trains it (its markers are the launcher's, undeclared, since a segment's steps are no wildcard)."""
+    if LOCAL:
+        return step_marker(wildcards)
+    run = run_of(wildcards)
+    return segment_marker(run, G.segment_of(config, run, int(wildcards.step)))
+
+
+def step_marker(wildcards):
+    return res(f"runs/{run_of(wildcards).path}/ckpt/step_{wildcards.step}.done")
 
 
 def run_settings(wildcards):

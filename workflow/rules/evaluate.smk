@@ -4,6 +4,8 @@
 # transformers) are paid once per run; each checkpoint's result is the one it gets when evaluated alone.
 # vLLM evaluator (paper scale), or grid.eval.per_checkpoint: this rule, one job per checkpoint, as each needs its
 # own GPU allocation; a run extended or resumed later then only evaluates its new checkpoints.
+# At paper scale the rule waits for the training segment that makes the checkpoint (rule train, one job per
+# segment), so a segment's checkpoints are evaluated while the next one trains.
 # Markers are ancient(): a checkpoint never changes once written (training resumes from it and never
 # rewrites it), so a training job that resumes and rewrites its markers does not re-evaluate old checkpoints.
 # A retrained run is another matter: the run's settings.json (not ancient) changes with its settings or
@@ -14,7 +16,7 @@ if not INLINE_EVAL:
 
     rule evaluate:
         input:
-            markers=ancient(res("runs/{model}/{method}/s{seed}/ckpt/step_{step}.done")),
+            trained=ancient(trained_checkpoint),
             splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
             settings=run_settings,
         output:
@@ -28,6 +30,7 @@ if not INLINE_EVAL:
         threads: 1
         resources:
             grading_workers=WORKERS,
+            **ENGINE_REQUEST,
         conda:
             "../../envs/local.yaml" if GRID["evaluator"] == "local" else "../../envs/cluster-eval.yaml"
         script:

@@ -36,3 +36,22 @@ HUB_MODELS = (
     )
 )
 MODEL_INFOS = [res(f"models/{m}/hub.json") for m in HUB_MODELS]
+
+
+# Paper scale: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the jobs
+# it submits), with a warning for each rule whose estimated job outruns its runtime in the profile.
+if not LOCAL and workflow.is_main_process:
+    from calibrl import plan as P
+
+    _rows, _trains = P.plan(config)
+    _limits = {}  # minutes per rule, where the profile's set-resources gives a plain number
+    for _rule, _res in workflow.resource_settings.overwrite_resources.items():
+        _runtime = getattr(_res.get("runtime"), "value", _res.get("runtime"))
+        if isinstance(_runtime, (int, float)):
+            _limits[_rule] = float(_runtime)
+    _lines = [
+        "calibrl plan (estimate; every run, each assumption with its source: calibrl plan --configfile ...):",
+        P.render(_rows, _trains, brief=True),
+        *P.check_runtimes(_rows, _limits),
+    ]
+    logger.info("\n".join(_lines))

@@ -41,39 +41,86 @@ rule run_settings:
         "../../scripts/run_settings.py"
 
 
-rule train:
-    input:
-        unpack(train_inputs),
-        settings=run_settings,
-        splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS) if INLINE_EVAL else [],
-    output:
-        markers=expand(
-            res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS
-        ),
-        metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
-        # CPU trainer and evaluator: the checkpoints' evaluations, made in the same job once trained (INLINE_EVAL)
-        evals=expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS)
-        if INLINE_EVAL
-        else [],
-    params:
-        steps=G.run_length(config),  # how far, not what: a longer CPU run resumes the shorter one's checkpoints
-        layout=layout_params,  # paper scale: the GPU layout (how, not what: no part of the fingerprint)
-        run_dir=run_dir,
-        # INLINE_EVAL: how the checkpoints are evaluated; a change reruns the job, which resumes from its last
-        # checkpoint (nothing to train) and evaluates again
-        evaluation=EVAL_PARAMS if INLINE_EVAL else None,
-        split_names=EVAL_SPLITS,
-        eval_steps=EVAL_STEPS,
-    log:
-        res("logs/train/{model}/{method}/s{seed}.log"),
-    threads: 1
-    resources:
-        grading_workers=WORKERS,
-    priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
-    conda:
-        "../../envs/local.yaml" if LOCAL else "../../envs/cluster-train.yaml"
-    script:
-        "../../scripts/train.py"
+if LOCAL:
+
+    rule train:
+        input:
+            unpack(train_inputs),
+            settings=run_settings,
+            splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS) if INLINE_EVAL else [],
+        output:
+            markers=expand(
+                res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS
+            ),
+            metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
+            # CPU evaluator too: the checkpoints' evaluations, made in the same job once trained (INLINE_EVAL)
+            evals=expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS)
+            if INLINE_EVAL
+            else [],
+        params:
+            steps=G.run_length(config),  # how far, not what: a longer run resumes the shorter one's checkpoints
+            run_dir=run_dir,
+            # INLINE_EVAL: how the checkpoints are evaluated; a change reruns the job, which resumes from its
+            # last checkpoint (nothing to train) and evaluates again
+            evaluation=EVAL_PARAMS if INLINE_EVAL else None,
+            split_names=EVAL_SPLITS,
+            eval_steps=EVAL_STEPS,
+        log:
+            res("logs/train/{model}/{method}/s{seed}.log"),
+        threads: 1
+        resources:
+            grading_workers=WORKERS,
+        priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
+        conda:
+            "../../envs/local.yaml"
+        script:
+            "../../scripts/train.py"
+
+else:
+
+    # Paper scale: a run trains in segments (grid.models.<model>.resources.segment_steps), each one SLURM job
+    # that fits the time limit and resumes from the previous segment's checkpoint; a segment's checkpoints are
+    # evaluated while the next one trains. The request (nodes, GPUs per node) comes from the run's layout
+    # (calibrl.layout), which the config check has matched against Ray's demand.
+    rule train:
+        input:
+            unpack(train_inputs),
+            settings=run_settings,
+            previous=previous_segment,
+        output:
+            res("runs/{model}/{method}/s{seed}/ckpt/segment_{end}.done"),
+        params:
+            steps=G.run_length(config),
+            end=lambda wildcards: int(wildcards.end),
+            layout=layout_params,  # how, not what: no part of the fingerprint
+            run_dir=run_dir,
+        log:
+            res("logs/train/{model}/{method}/s{seed}/segment_{end}.log"),
+        threads: 1
+        resources:
+            grading_workers=WORKERS,
+            nodes=lambda wildcards: train_request(wildcards)["nodes"],
+            gres=lambda wildcards: train_request(wildcards)["gres"],
+        priority: 10
+        conda:
+            "../../envs/cluster-train.yaml"
+        script:
+            "../../scripts/train.py"
+
+    # OpenRLHF's TensorBoard scalars as the run's metrics.jsonl, once its last segment has trained.
+    rule train_metrics:
+        input:
+            last_segment,
+        output:
+            res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
+        params:
+            run_dir=run_dir,
+        log:
+            res("logs/train_metrics/{model}/{method}/s{seed}.log"),
+        conda:
+            "../../envs/cluster-train.yaml"
+        script:
+            "../../scripts/train_metrics.py"
 
 
 # Paper scale, filtering baseline (Table 5): every training query's success rate under the initial model,
@@ -90,6 +137,7 @@ rule rank_train:
     threads: 1
     resources:
         grading_workers=WORKERS,
+        **ENGINE_REQUEST,
     conda:
         "../../envs/cluster-eval.yaml"
     script:

@@ -40,6 +40,7 @@ def train_job(
     memory_info: str | None = None,
     success_path: str | None = None,
     layout: dict | None = None,
+    segment: tuple[int, str] | None = None,
     threads: int = 1,
     workers: int = 1,
 ) -> None:
@@ -48,7 +49,9 @@ def train_job(
 
     ``init_info``/``memory_info``: the info files of the warm starts (tiny models) or, at paper scale, of the
     login node's downloads (rule download_model); ``steps``: the run's length; ``success_path``: at paper scale, the
-    filtering baseline's success rates (``rank_job``); ``layout``: the paper-scale GPU layout."""
+    filtering baseline's success rates (``rank_job``); ``layout``: the paper-scale GPU layout; ``segment``: at
+    paper scale (end step, marker path), train up to that step only and then write the marker (JSON: the end,
+    its checkpoints' steps, the fingerprint)."""
     stamp = json.loads(Path(settings_path).read_text())
     settings = stamp["settings"]
     # steps: the run's length (calibrl.grid.run_length), outside the CPU trainer's stamp
@@ -65,7 +68,12 @@ def train_job(
                 "policy": checkpoints.model_dir(init_info),
                 "memory": checkpoints.model_dir(memory_info),
             }  # the downloads
-            return train(settings, layout or {}, train_path, run_dir, models, success_path)
+            end = int(segment[0]) if segment else int(settings["train"]["steps"])
+            train(settings, layout or {}, train_path, run_dir, models, success_path, stop_at=end)
+            if segment:
+                steps = G.checkpoint_steps(settings["train"]["eval_every"], end)
+                write_json(segment[1], {"end": end, "steps": steps, "fingerprint": stamp["fingerprint"]})
+            return
         from calibrl.tasks import Scorer
         from calibrl.train.local import Trainer
 

@@ -3,6 +3,8 @@
 ``run`` is a plain dict (every path absolute, or relative to the directory the command runs in)::
 
     name:         "qwen3-8b/iac/s0"             TensorBoard sub-folder (optional, default "calibrl")
+    stop_at:      500                           optional: this job trains up to that step only (a segment of
+                                                the run; the data are still sized for train.steps)
     model:        "Qwen/Qwen3-8B"               Hugging Face id or local checkpoint directory
     memory_model: "Qwen/Qwen3-1.7B"             DLC's memory network m_phi (needed when method.dlc_mu > 0)
     method:       calibrl.grid.Method(...).to_dict()
@@ -21,8 +23,10 @@
     resources:    actor_nodes, actor_gpus_per_node, ref_nodes, ref_gpus_per_node, vllm_engines,
                   vllm_tensor_parallel_size; optional vllm_gpu_memory_utilization (0.5), colocate_all
                   (False), zero_stage (2), micro_train_batch_size (4), micro_rollout_batch_size (8),
-                  gradient_checkpointing (True), packing_samples (False), prefix_caching (True),
-                  keep_ds_checkpoints (2), extra_args (list of further OpenRLHF flags)
+                  gradient_checkpointing (True), packing_samples (False), dynamic_batch (False: micro-batches
+                  of max_tokens_per_gpu tokens, 16192, instead of a count; packs samples), ref_offload
+                  (False), adam_offload (False), prefix_caching (True), keep_ds_checkpoints (2), extra_args
+                  (list of further OpenRLHF flags); ``calibrl.layout.roles`` makes these from a run's layout
 
 Flag names and defaults are OpenRLHF 0.11.2's (``openrlhf/cli/train_ppo_ray.py``; line numbers below are
 of that file unless another is named). The ``--calibrl.*`` flags are read by ``launch.py`` and never reach
@@ -45,7 +49,16 @@ from types import SimpleNamespace
 ESTIMATORS = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
 """calibrl estimator -> OpenRLHF ``--algo.advantage.estimator`` (choices at L514-522)."""
 
-CALIBRL_FLAGS = ("iac_alpha", "dlc_mu", "dlc_memory", "dlc_memory_lr", "max_steps", "eval_every", "marker_dir")
+CALIBRL_FLAGS = (
+    "iac_alpha",
+    "dlc_mu",
+    "dlc_memory",
+    "dlc_memory_lr",
+    "max_steps",
+    "eval_every",
+    "marker_dir",
+    "loss_norm_len",
+)
 """The launcher's own flags, each written ``--calibrl.<name> VALUE``."""
 
 
@@ -97,9 +110,10 @@ def build_command(run: dict) -> list[str]:
 
     max_new = int(train["max_new_tokens"])
     loss_agg = "token-mean" if dapo else method.get("loss_agg", "seq-mean-token-mean")
-    # 0.11.2 offers token-mean and seq-mean-token-mean (L440-447). Dr. GRPO's seq-mean-token-sum-norm
-    # (sum over tokens / (B * L_max)) equals token-mean times N_tokens / (B * L_max), the same direction
-    # up to one positive scalar per step, which Adam largely absorbs.
+    # 0.11.2 offers token-mean and seq-mean-token-mean (L440-447). Dr. GRPO's seq-mean-token-sum-norm (token
+    # sums / (B * max_new_tokens)) is token-mean with the step's token count replaced by B * max_new_tokens:
+    # loss_norm.py does that inside OpenRLHF (--calibrl.loss_norm_len, installed by the setup hook).
+    norm_len = max_new if loss_agg == "seq-mean-token-sum-norm" else 0
     loss_agg = {"seq-mean-token-sum-norm": "token-mean"}.get(loss_agg, loss_agg)
     if loss_agg not in ("token-mean", "seq-mean-token-mean"):
         raise ValueError(f"method.loss_agg {loss_agg!r} has no OpenRLHF --actor.loss_agg_mode")
@@ -119,8 +133,13 @@ def build_command(run: dict) -> list[str]:
     argv += ["--calibrl.iac_alpha", fmt(alpha), "--calibrl.dlc_mu", fmt(mu)]
     if mu > 0:
         argv += ["--calibrl.dlc_memory", str(run["memory_model"]), "--calibrl.dlc_memory_lr", fmt(train["memory_lr"])]
-    argv += ["--calibrl.max_steps", str(steps), "--calibrl.eval_every", str(train["eval_every"])]
+    stop_at = int(run.get("stop_at") or steps)
+    if not 0 < stop_at <= steps or stop_at % int(train["eval_every"]) and stop_at != steps:
+        raise ValueError(f"stop_at {stop_at} must be a checkpoint step (eval_every {train['eval_every']}) <= {steps}")
+    argv += ["--calibrl.max_steps", str(stop_at), "--calibrl.eval_every", str(train["eval_every"])]
     argv += ["--calibrl.marker_dir", str(paths["marker_dir"])]
+    if norm_len:
+        argv += ["--calibrl.loss_norm_len", str(norm_len)]
 
     # ---- model, data, prompt
     argv += ["--actor.model_name_or_path", str(run["model"]), "--train.seed", str(int(run["seed"]))]
@@ -236,8 +255,18 @@ def build_command(run: dict) -> list[str]:
     argv += ["--ds.zero_stage", str(res.get("zero_stage", 2))]
     if res.get("gradient_checkpointing", True):
         argv += ["--actor.gradient_checkpointing_enable"]
-    if res.get("packing_samples", False):
-        argv += ["--ds.packing_samples"]  # needs flash-attn
+    if res.get("packing_samples", False) or res.get("dynamic_batch", False):
+        argv += ["--ds.packing_samples"]  # no padding tokens; needs flash-attn (the cluster env has its wheel)
+    if res.get("dynamic_batch", False):
+        # micro-batches of at most N tokens (one sequence is up to max_prompt_len + max_new_tokens): the memory of
+        # a forward is bounded by N, not by the count of samples times the longest (L376-380, L690-697)
+        tokens = str(int(res.get("max_tokens_per_gpu", 16192)))
+        argv += ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", tokens]
+        argv += ["--rollout.max_tokens_per_gpu", tokens]
+    if res.get("ref_offload", False):
+        argv += ["--ref.offload"]  # the frozen reference in CPU memory between its forwards
+    if res.get("adam_offload", False):
+        argv += ["--ds.adam_offload"]
     argv += [str(a) for a in res.get("extra_args", [])]
     return argv
 

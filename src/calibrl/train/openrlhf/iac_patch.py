@@ -72,15 +72,18 @@ def apply() -> None:
     """The ``worker_process_setup_hook``: patch OpenRLHF when (if ever) this process imports it.
 
     IAC always (it is a no-op while ``CALIBRL_IAC_ALPHA`` is 0 or unset); the step limit of
-    ``launch.limit_steps`` when ``CALIBRL_MAX_STEPS`` is set; DLC (``openrlhf_dlc``) when ``CALIBRL_DLC_MU`` > 0.
+    ``launch.limit_steps`` when ``CALIBRL_MAX_STEPS`` is set; Dr. GRPO's normaliser (``loss_norm``) when
+    ``CALIBRL_LOSS_NORM_LEN`` is set; DLC (``openrlhf_dlc``) when ``CALIBRL_DLC_MU`` > 0.
     """
     when_imported(MODULE, patch)
     if os.environ.get(ENV_MAX_STEPS):
         from calibrl.train.openrlhf.launch import limit_steps
 
         when_imported("openrlhf.trainer.ppo_trainer", limit_steps)
-    from calibrl.train.openrlhf import openrlhf_dlc
+    from calibrl.train.openrlhf import loss_norm, openrlhf_dlc
 
+    if loss_norm.norm_len() > 0:
+        when_imported(loss_norm.MODULE, loss_norm.patch)  # Dr. GRPO's constant normaliser
     if openrlhf_dlc.dlc_mu() > 0:
         openrlhf_dlc.apply()  # DLC: composite engines, memory actor, its sync (openrlhf_dlc)
 

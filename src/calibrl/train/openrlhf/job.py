@@ -17,6 +17,7 @@ from pathlib import Path
 from calibrl import filtering
 from calibrl.data.records import read_jsonl
 from calibrl.io import write_text
+from calibrl.layout import DEFAULTS, roles, uses_kl
 from calibrl.train.openrlhf.data import LABEL_KEY, PROMPT_KEY, write_prompts
 
 log = logging.getLogger("calibrl.openrlhf")
@@ -24,12 +25,13 @@ log = logging.getLogger("calibrl.openrlhf")
 
 def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_dir: str, models: dict) -> dict:
     """The plain dict ``calibrl.train.openrlhf.command.build_command`` takes, from a ``grid.train_params``
-    slice and the model's GPU layout; ``data_path`` is the run's prepared prompts, ``rows`` their number;
+    slice and the run's GPU layout (``grid.layout_params``: ``calibrl.layout``); ``data_path`` is the run's
+    prepared prompts, ``rows`` their number;
     ``models``: the folders rule download_model made (``policy``, and ``memory`` for DLC), which Ray actors
     read offline: never a Hub id, which every actor would fetch on a compute node."""
     method = {k: v for k, v in settings["method"].items() if k != "name"}
-    res = dict(layout)
-    nodes = int(res.pop("nodes", 1))
+    lay = layout_of(layout)
+    placement = roles(lay, uses_kl(method, settings["train"]), method["dlc_mu"] > 0)["resources"]
     run = Path(run_dir).resolve()  # Ray actors run elsewhere: every path they get is absolute
     memory = settings.get("memory")
     if not models.get("policy") or (memory and not models.get("memory")):
@@ -55,8 +57,13 @@ def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_di
             "log_dir": str(run / "tensorboard"),
             "marker_dir": str(run / "ckpt"),
         },
-        "resources": {"actor_nodes": nodes, "ref_nodes": 1, **res},
+        "resources": placement,
     }
+
+
+def layout_of(layout: dict) -> dict:
+    """The run's effective layout (rule train's params: ``calibrl.layout.effective``), defaults filled in."""
+    return {**DEFAULTS, **layout}
 
 
 def prepare_data(
@@ -100,27 +107,38 @@ def prepare_data(
 
 
 def train(
-    settings: dict, layout: dict, train_path: str, run_dir: str, models: dict, success_path: str | None = None
+    settings: dict,
+    layout: dict,
+    train_path: str,
+    run_dir: str,
+    models: dict,
+    success_path: str | None = None,
+    stop_at: int | None = None,
 ) -> None:
-    """Launch OpenRLHF for one run inside a private Ray cluster spanning the run's SLURM allocation, then turn
-    its TensorBoard scalars into the run's ``metrics.jsonl``. ``models``: the downloaded folders (policy,
-    memory); the job and every Ray actor run offline (``HF_HUB_OFFLINE=1``), as compute nodes often are."""
+    """Launch OpenRLHF for one run (or one segment of it: up to step ``stop_at``, resuming from the last
+    checkpoint) inside a private Ray cluster spanning the job's SLURM allocation. ``models``: the downloaded
+    folders (policy, memory); the job and every Ray actor run offline (``HF_HUB_OFFLINE=1``), as compute nodes
+    often are."""
     from calibrl.train.openrlhf.command import build_command
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by ray_cluster.sh and the actors it starts
     data_path = Path(run_dir) / "train_prompts.jsonl"
     rows = prepare_data(settings, train_path, data_path, success_path, model_dir=models.get("policy"))
     run = openrlhf_run(settings, layout, str(data_path), rows, run_dir, models)
+    run["stop_at"] = stop_at
     # Every run gets a Ray cluster of its own with token authentication (ray_cluster.sh), one node or several:
     # a bare ray.init() would start an open one. Inside the executor's job step SLURM_GPUS_ON_NODE is that
     # step's count, so the layout's GPUs per node are passed on.
     argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *build_command(run)]
     env = dict(os.environ)
-    if "gpus_per_node" in layout:
-        env["RAY_GPUS_PER_NODE"] = str(int(layout["gpus_per_node"]))
+    env["RAY_GPUS_PER_NODE"] = str(int(layout_of(layout)["gpus_per_node"]))
     log.info("launching: %s", " ".join(argv))
     subprocess.run(argv, check=True, env=env)
-    tensorboard_metrics(run["paths"]["log_dir"], Path(run_dir) / "metrics.jsonl")
+
+
+def metrics_job(run_dir: str, out_path: str) -> None:
+    """Rule train_metrics: the run's TensorBoard scalars (every segment's) as its ``metrics.jsonl``."""
+    tensorboard_metrics(str(Path(run_dir).resolve() / "tensorboard"), out_path)
 
 
 # OpenRLHF 0.11.2's names for what the CPU trainer's metrics.jsonl calls otherwise. With --actor.entropy_coef 0

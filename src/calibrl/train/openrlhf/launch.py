@@ -81,7 +81,9 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
 
     The evaluated steps are ``eval_every, 2 * eval_every, ..., steps``, as ``calibrl.grid.eval_steps``;
     the marker matches the local trainer's (``{"step": k, "policy": <HF directory>}``). Idempotent: run it
-    after training and on every (re)start. Returns the steps that have a marker now.
+    after training and on every (re)start. Returns the steps that have a marker now, including those whose
+    checkpoint an evaluation has removed since (``calibrl.evaluate``, ``grid.retention``). The markers of a
+    run trained with other settings are never seen here: ``calibrl.checkpoints.claim`` set them aside.
     """
     from calibrl.checkpoints import write_marker  # pandas: not imported by the workers that import this module
     from calibrl.grid import checkpoint_steps
@@ -91,8 +93,11 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
     found = hf_checkpoints(ckpt_dir)
     done = []
     for step in checkpoint_steps(eval_every, steps):
+        marker = Path(marker_dir) / f"step_{step}.done"
         if step in found:
-            write_marker(Path(marker_dir) / f"step_{step}.done", step, found[step])
+            write_marker(marker, step, found[step])
+            done.append(step)
+        elif marker.exists():  # evaluated, then its Hugging Face copy removed (grid.retention)
             done.append(step)
     return done
 
@@ -172,8 +177,9 @@ def _flag(argv: list[str], name: str) -> str | None:
     return value
 
 
-def runtime_env(iac_alpha: float, max_steps: int, dlc: dict[str, str] | None = None) -> dict:
-    """Ray's runtime environment: the setup hook and the variables every worker needs (``dlc``: DLC's)."""
+def runtime_env(iac_alpha: float, max_steps: int, dlc: dict[str, str] | None = None, loss_norm_len: int = 0) -> dict:
+    """Ray's runtime environment: the setup hook and the variables every worker needs (``dlc``: DLC's;
+    ``loss_norm_len``: Dr. GRPO's constant normaliser, ``loss_norm``)."""
     src = str(Path(__file__).resolve().parents[3])  # the directory that holds the calibrl package
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {
@@ -185,6 +191,7 @@ def runtime_env(iac_alpha: float, max_steps: int, dlc: dict[str, str] | None = N
         "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
         **(dlc or {}),
+        **({"CALIBRL_LOSS_NORM_LEN": str(int(loss_norm_len))} if loss_norm_len else {}),
     }
     for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", "HF_HUB_OFFLINE"):
         if name in os.environ:
@@ -228,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     address = os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address, runtime_env=runtime_env(iac_alpha, max_steps, dlc))
+    env = runtime_env(iac_alpha, max_steps, dlc, int(ours.get("loss_norm_len", 0)))
+    ray.init(address=address, runtime_env=env)
     try:
         saved = sys.argv
         sys.argv = ["train_ppo_ray", *rest]
