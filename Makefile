@@ -3,7 +3,8 @@
 #              included) in .venv, then the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
 #              cannot be built
 # make test-vllm : only the real-vLLM tests (DLC composite model, memory actor, checkpoint evaluation
-#              and ranking against the CPU evaluator, the IAC patch in a Ray actor) in .venv-vllm
+#              and ranking against the CPU evaluator, the IAC patch in a Ray trainer actor, the reward file
+#              in an async Ray actor) in .venv-vllm
 # make test-fast : the quick loop while developing (no slow, no vLLM tests)
 # make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
 PYTHON ?= python3
@@ -60,7 +61,7 @@ test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed
 # CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
 test-vllm: $(VLLM_VENV)/.installed
 	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py
+		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_ray_openrlhf.py
 
 # the quick loop while developing: everything but the tests marked slow (workflow end to end, SLURM, browser)
 test-fast: $(VENV)/.installed
