@@ -60,6 +60,24 @@ def test_the_old_14b_layout_is_refused_with_its_keys_and_numbers():
     assert "with a KL" in what and "28 GPUs" in what and "actor 16 + ref 4 + vLLM 4x2" in what and "= 16" in what
 
 
+def test_ray_requests_are_the_placement_groups_openrlhf_creates():
+    """Per role, in OpenRLHF's order, a {GPU: 1, CPU: 1} bundle per GPU; the demand the check uses is their sum.
+    (tests/test_slurm.py places these very groups in a Ray cluster on a two-node SLURM allocation.)"""
+
+    def groups(cfg, run):
+        m = G.method(cfg, run.method)
+        r = L.roles(G.layout_params(cfg, run), L.uses_kl(m.to_dict(), cfg["grid"]["train"]), m.dlc_mu > 0)
+        assert r["ray_gpus"] == sum(b["GPU"] for bundles in r["ray_groups"].values() for b in bundles)
+        assert all(b == {"GPU": 1, "CPU": 1} for bundles in r["ray_groups"].values() for b in bundles)
+        return {role: len(bundles) for role, bundles in r["ray_groups"].items()}
+
+    assert groups(PAPER, G.Run("qwen3-14b", "grpo", 0)) == {"actor, reference, vLLM (colocated)": 16}
+    assert groups(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0)) == {"vLLM": 3, "actor": 4, "DLC memory": 1}
+    split = {"nodes": 2, "gpus_per_node": 8, "actor_gpus_per_node": 8, "ref_gpus_per_node": 4, "vllm_engines": 4}
+    old = _paper(qwen3_14b={**split, "vllm_tensor_parallel_size": 2})
+    assert groups(old, G.Run("qwen3-14b", "grpo", 0)) == {"vLLM": 8, "actor": 16, "reference": 4}
+
+
 def test_a_dlc_run_with_a_kl_needs_one_more_gpu():
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["dapo_iac_dlc"]["dapo"] = False  # a KL now: the reference model is built

@@ -39,12 +39,10 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
     if layout["colocate_all"]:
         engines = int(layout.get("vllm_engines", nodes * per_node // tp))
         actor, ref = per_node, per_node  # OpenRLHF asserts ref == actor when colocated (L42-46)
-        demand = nodes * per_node
     else:
         actor = int(layout.get("actor_gpus_per_node", per_node))
         ref = int(layout.get("ref_gpus_per_node", 1))
         engines = int(layout.get("vllm_engines", 1))
-        demand = nodes * actor + (ref if kl else 0) + engines * tp
     knobs = {k: v for k, v in layout.items() if k not in ("nodes", "gpus_per_node", "vllm_engines", "dlc")}
     placement = {
         **knobs,
@@ -54,7 +52,36 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
         "ref_gpus_per_node": ref,
         "vllm_engines": engines,
     }
-    return {"resources": placement, "ray_gpus": demand + (1 if dlc else 0), "actor_gpus": nodes * actor}
+    groups = ray_requests(placement, bool(layout["colocate_all"]), kl, dlc)
+    return {
+        "resources": placement,
+        "ray_groups": groups,
+        "ray_gpus": sum(b["GPU"] for bundles in groups.values() for b in bundles),
+        "actor_gpus": nodes * actor,
+    }
+
+
+def ray_requests(placement: dict, colocated: bool, kl: bool, dlc: bool) -> dict[str, list[dict]]:
+    """What OpenRLHF 0.11.2 asks Ray for, per role: the bundles of its placement group, each ``{"GPU": 1,
+    "CPU": 1}`` (a lone one-GPU actor's request counted as one bundle). Colocated, one group of the actor's GPUs
+    holds actor, reference and engines (``cli/train_ppo_ray.py`` L39-52); split, the actor's, the reference's
+    (with a KL) and the engines' groups are separate (``trainer/ray/launcher.py`` L243-251,
+    ``trainer/ray/vllm_engine.py`` L246-250). DLC's memory actor asks for one GPU and one CPU of its own
+    (``memory_actor.actor``). A group is placed only once Ray has all its bundles free (PACK: on as few nodes
+    as it can); a demand beyond the allocation is never placed, and OpenRLHF waits on it forever. Ray must
+    announce a CPU per GPU on every node (``ray_cluster.sh`` refuses fewer)."""
+    one = {"GPU": 1, "CPU": 1}
+    actor = placement["actor_nodes"] * placement["actor_gpus_per_node"]
+    if colocated:
+        groups = {"actor, reference, vLLM (colocated)": [one] * actor}
+    else:  # in the order OpenRLHF creates them, each waiting until placed
+        groups = {"vLLM": [one] * (placement["vllm_engines"] * int(placement["vllm_tensor_parallel_size"]))}
+        groups["actor"] = [one] * actor
+        if kl:
+            groups["reference"] = [one] * (placement["ref_nodes"] * placement["ref_gpus_per_node"])
+    if dlc:
+        groups["DLC memory"] = [one]
+    return groups
 
 
 def uses_kl(method: dict, train: dict) -> bool:
