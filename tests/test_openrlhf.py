@@ -657,7 +657,9 @@ def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monke
 
 # ------------------------------------------------------------------------------------- ray_cluster.sh
 FAKES = {
-    "scontrol": '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && printf "nodeA\\nnodeB\\nnodeC\\n"\n',
+    # the allocation's nodes (inside the executor's step SLURM_JOB_NODELIST names the step's node only)
+    "squeue": '#!/bin/bash\n[ "$*" = "-h -j 4242 -o %N" ] && echo "node[A-C]"\n',
+    "scontrol": '#!/bin/bash\n[ "$1 $2 $3" = "show hostnames node[A-C]" ] && printf "nodeA\\nnodeB\\nnodeC\\n"\n',
     # srun: drop its options (and -w's value), run the command
     "srun": '#!/bin/bash\nwhile [[ "$1" == -* ]]; do [ "$1" = -w ] && shift; shift; done\nexec "$@"\n',
     # ray start --block: note the call, then block like the real one
@@ -676,7 +678,8 @@ def test_ray_cluster_script_with_fake_slurm(tmp_path):
     env = {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "SLURM_JOB_NODELIST": "node[A-C]",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "nodeA",  # as in the executor's one-node step
         "FAKE_LOG": str(tmp_path / "ray.log"),
         "RAY_PYTHON": str(bin_dir / "fakepython"),
         "RAY_GPUS_PER_NODE": "2",
@@ -700,6 +703,11 @@ def test_ray_cluster_script_with_fake_slurm(tmp_path):
     assert mine == []  # the Ray steps were stopped at exit
     bad = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
+    # fewer CPUs than GPUs per node: OpenRLHF's bundles (a CPU per GPU) would never be placed
+    few = subprocess.run(
+        ["bash", str(script), "true"], env={**env, "RAY_CPUS_PER_NODE": "1"}, capture_output=True, text=True
+    )
+    assert few.returncode == 1 and "1 CPU(s) per node for 2 GPU(s)" in few.stderr and "cpus_per_task" in few.stderr
 
 
 # -------------------------------------------------------------------------------------- DLC (HF path)

@@ -3,7 +3,7 @@
 #
 #   ray_cluster.sh COMMAND [ARGS...]
 #
-# Inside a SLURM allocation (SLURM_JOB_NODELIST set) the first node of the allocation runs the Ray head and
+# Inside a SLURM allocation (SLURM_JOB_ID set; its nodes from squeue) the first node runs the Ray head and
 # every other node a Ray worker; outside one, a single-node cluster on 127.0.0.1 (tests, one-host runs).
 # The script waits until all nodes have joined, exports RAY_ADDRESS=<head ip>:<port> (calibrl.train.openrlhf.
 # launch joins it) and runs COMMAND on this host. When COMMAND ends, or the script is interrupted, the Ray
@@ -27,7 +27,8 @@
 #   RAY_PORT            GCS port of the head (6379)
 #   RAY_GPUS_PER_NODE   GPUs per node, requested for each Ray step and announced to Ray (SLURM_GPUS_ON_NODE,
 #                       else 0; set it: inside the executor's step SLURM_GPUS_ON_NODE is that step's count)
-#   RAY_CPUS_PER_NODE   CPUs Ray announces per node (SLURM_CPUS_ON_NODE, else Ray's own count)
+#   RAY_CPUS_PER_NODE   CPUs Ray announces per node (SLURM_CPUS_ON_NODE, else Ray's own count); at least the
+#                       GPUs per node
 #   RAY_JOIN_TIMEOUT    seconds to wait for every node to join (300)
 #   RAY_SRUN_ARGS       extra srun options for the Ray steps (default: --gres=gpu:N when N GPUs per node)
 #   RAY_AUTH_DIR        where the per-cluster token directory is made ($HOME/.calibrl/ray); on a multi-node
@@ -46,6 +47,13 @@ PORT=${RAY_PORT:-6379}
 GPUS=${RAY_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-0}}
 CPUS=${RAY_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-}}
 TIMEOUT=${RAY_JOIN_TIMEOUT:-300}
+# OpenRLHF's placement-group bundles take one CPU per GPU (calibrl.layout.ray_requests): with fewer CPUs than
+# GPUs announced, its groups would never be placed and the run would wait forever.
+if [ -n "$CPUS" ] && [ "$CPUS" -lt "$GPUS" ]; then
+    echo "ray_cluster.sh: $CPUS CPU(s) per node for $GPUS GPU(s): OpenRLHF asks Ray for a CPU per GPU; request" \
+        "at least $GPUS CPUs per node (the profile's set-resources: train: cpus_per_task) or set RAY_CPUS_PER_NODE" >&2
+    exit 1
+fi
 if [ -n "${RAY_SRUN_ARGS+x}" ]; then
     read -r -a EXTRA <<< "$RAY_SRUN_ARGS"
 elif [ "$GPUS" -gt 0 ]; then
@@ -74,10 +82,18 @@ make_token() {
 }
 
 # --------------------------------------------------------------------------------------------- topology
-if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
-    mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+if [ -n "${SLURM_JOB_ID:-}" ]; then
+    # The allocation's nodes, from the controller: inside the executor's job step (srun -n1, one node) the
+    # environment names only that step's node (SLURM_JOB_NODELIST=<first node>, no SLURM_JOB_NUM_NODES), and a
+    # Ray cluster built from it would leave the other nodes out (tests/test_slurm.py, multi-node test).
+    NODELIST=$(squeue -h -j "$SLURM_JOB_ID" -o %N 2>/dev/null) || NODELIST=
+    if [ -z "$NODELIST" ]; then
+        echo "ray_cluster.sh: cannot read the nodes of job $SLURM_JOB_ID (squeue -h -j $SLURM_JOB_ID -o %N)" >&2
+        exit 1
+    fi
+    mapfile -t NODES < <(scontrol show hostnames "$NODELIST")
     if [ "${#NODES[@]}" -eq 0 ]; then
-        echo "ray_cluster.sh: no nodes in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
+        echo "ray_cluster.sh: no nodes in job $SLURM_JOB_ID's node list '$NODELIST'" >&2
         exit 1
     fi
 else
