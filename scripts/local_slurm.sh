@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# A throwaway single-node SLURM on loopback, to run the workflow's `--profile slurm` path for real.
+# A throwaway SLURM on loopback, to run the workflow's `--profile slurm` path for real: two nodes (two slurmd
+# on this host) with stand-in GPUs, so that multi-node GPU requests (--nodes, --gres=gpu:N per node) are
+# allocated as on a GPU cluster, with this host's CPUs.
 #
-#   scripts/local_slurm.sh start    install (if missing) and start munged, slurmctld, slurmd; wait for an idle node
+#   scripts/local_slurm.sh start    install (if missing) and start munged, slurmctld, the slurmds; wait for idle nodes
 #   scripts/local_slurm.sh stop     cancel this cluster's jobs, stop exactly the daemons `start` started
 #   scripts/local_slurm.sh stop --force   the same even while other holders use the cluster
-#   scripts/local_slurm.sh status   what runs, and `sinfo`; exit 0 only if the node is up
+#   scripts/local_slurm.sh status   what runs, and `sinfo`; exit 0 only if every node is up
 #
 # Holders: concurrent users (two pytest sessions) share one cluster. `start` registers the holder
 # LOCAL_SLURM_HOLDER (a pid: forgotten once that process is gone; default "manual") and `stop` releases
 # it, stopping the daemons only when no other holder is left. start/stop run under a lock.
 #
 # Debian/Ubuntu, as root (SLURM 22.05 from Debian 12). `start` and `stop` are idempotent. The cluster:
-# partition `cpu` (default), one node named after this host with CPUs = nproc and RealMemory =
-# MemTotal minus headroom, accounting off (so `sacct` does not work: the profile uses squeue).
+# LOCAL_SLURM_NODES nodes, the first named after this host, the others <host>-2, <host>-3, ... (all on this
+# host, one slurmd each on its own port); partition `cpu` (default) is the first node, partition `gpu` all
+# of them. Each node has CPUs = nproc, RealMemory = MemTotal minus headroom (the nodes share both: a test
+# cluster, not a capacity) and LOCAL_SLURM_GPUS stand-in GPUs (gres gpu whose device files are /dev/null:
+# SLURM allocates them per node as on a GPU cluster; nothing can compute on them). Accounting is off (so
+# `sacct` does not work: the profile uses squeue).
 #
 # Loopback only: CommunicationParameters=NoCtldInAddrAny,NoInAddrAny make slurmctld, slurmd, slurmstepd
 # and srun bind to the address this host's name resolves to (not to every interface), and `start`
@@ -22,9 +28,11 @@
 #
 # Environment (all optional):
 #   LOCAL_SLURM_STATE        state folder: pids, spool, logs          [/run/calibrl-local-slurm]
-#   LOCAL_SLURM_CPUS         CPUs of the node                         [nproc]
-#   LOCAL_SLURM_MEM_MB       RealMemory of the node, MB               [MemTotal - max(1024, 10%)]
-#   LOCAL_SLURM_TIMEOUT      seconds to wait for an idle node         [60]
+#   LOCAL_SLURM_NODES        nodes of the cluster                     [2]
+#   LOCAL_SLURM_GPUS         stand-in GPUs (gres gpu) per node        [8]
+#   LOCAL_SLURM_CPUS         CPUs of each node                        [nproc]
+#   LOCAL_SLURM_MEM_MB       RealMemory of each node, MB              [MemTotal - max(1024, 10%)]
+#   LOCAL_SLURM_TIMEOUT      seconds to wait for idle nodes           [60]
 #   LOCAL_SLURM_HOSTS_ENTRY  1: pin the hostname to 127.0.0.1 in /etc/hosts while running  [0]
 #   LOCAL_SLURM_HOLDER       who holds the cluster (see Holders)      [manual]
 set -euo pipefail
@@ -38,8 +46,17 @@ PACKAGES=(slurmctld slurmd slurm-client munge)
 NODE=$(hostname -s 2>/dev/null || hostname)
 HOLDER=${LOCAL_SLURM_HOLDER:-manual}
 [[ $HOLDER =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "local_slurm: error: bad LOCAL_SLURM_HOLDER '$HOLDER'" >&2; exit 1; }
-# the daemons started here, in start order; stop goes in reverse
-DAEMONS=(munged slurmctld slurmd)
+N_NODES=${LOCAL_SLURM_NODES:-2}
+GPUS=${LOCAL_SLURM_GPUS:-8}
+[[ $N_NODES =~ ^[1-9][0-9]?$ && $GPUS =~ ^[0-9]+$ ]] ||
+    { echo "local_slurm: error: LOCAL_SLURM_NODES ($N_NODES) must be 1-99, LOCAL_SLURM_GPUS ($GPUS) a count" >&2; exit 1; }
+NODES=("$NODE")
+for ((i = 2; i <= N_NODES; i++)); do NODES+=("$NODE-$i"); done
+GRES_CONF=/etc/slurm/gres.conf
+# the daemons started here, in start order; stop goes in reverse. A slurmd is slurmd@<node>: its pid file
+# is $STATE/slurmd@<node>.pid (SlurmdPidFile's %n), its program slurmd.
+DAEMONS=(munged slurmctld)
+for n in "${NODES[@]}"; do DAEMONS+=("slurmd@$n"); done
 
 say() { echo "local_slurm: $*" >&2; }
 die() {
@@ -48,25 +65,28 @@ die() {
 }
 
 # ------------------------------------------------------------------------------------- processes
-# pid recorded for a daemon, if that process is alive and still is that program (not a reused pid)
+# pid recorded for a daemon (munged, slurmctld, slurmd@<node>), if that process is alive and still is that
+# program (not a reused pid)
 our_pid() {
     local name=$1 pid
     [[ -f $STATE/$name.pid ]] || return 1
     pid=$(tr -dc '0-9' <"$STATE/$name.pid")
     [[ -n $pid ]] || return 1
-    [[ -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "$name" ]] || return 1
+    [[ -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "${name%%@*}" ]] || return 1
     echo "$pid"
 }
 
-# a running process of that name that this script did not start (read-only check)
+# a running process of that program that this script did not start (read-only check)
 foreign_pid() {
-    local name=$1 ours comm pid
-    ours=$(our_pid "$name" || true)
+    local name=$1 ours=" " comm pid d
+    for d in "${DAEMONS[@]}"; do
+        [[ ${d%%@*} == "$name" ]] && ours+="$(our_pid "$d" || true) "
+    done
     for comm in /proc/[0-9]*/comm; do
         [[ $(cat "$comm" 2>/dev/null) == "$name" ]] || continue
         pid=${comm#/proc/}
         pid=${pid%/comm}
-        [[ $pid == "$ours" ]] || {
+        [[ $ours == *" $pid "* ]] || {
             echo "$pid"
             return 0
         }
@@ -180,12 +200,20 @@ write_config() {
         cp -p "$CONF" "$STATE/slurm.conf.orig" # restored by stop
         say "saved the existing $CONF to $STATE/slurm.conf.orig (stop restores it)"
     fi
-    local cpus mem
+    if [[ -f $GRES_CONF ]] && ! grep -qF "$MARK" "$GRES_CONF" && [[ ! -f $STATE/gres.conf.orig ]]; then
+        cp -p "$GRES_CONF" "$STATE/gres.conf.orig"
+        say "saved the existing $GRES_CONF to $STATE/gres.conf.orig (stop restores it)"
+    fi
+    local cpus mem gres="" i
     cpus=${LOCAL_SLURM_CPUS:-$(nproc)}
     mem=$(node_memory_mb)
+    ((GPUS > 0)) && gres="Gres=gpu:$GPUS "
+    for n in "${NODES[@]}"; do mkdir -p "$STATE/spool/$n"; done
+    # the nodes are this config's: no state (DRAIN, reasons) carried over from an earlier cluster
+    rm -f "$STATE"/ctld/node_state*
     cat >"$CONF" <<EOF
 $MARK ($(date -u +%FT%TZ)); stop restores any previous file.
-# A single-node test cluster on loopback: partition cpu, accounting off.
+# A test cluster on loopback: ${#NODES[@]} node(s) on this host, partition cpu, accounting off.
 ClusterName=local
 SlurmctldHost=$NODE(127.0.0.1)
 # bind every daemon and srun to the address the hostname resolves to (checked to be loopback)
@@ -210,15 +238,33 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
+# one slurmd per node on this host (slurmd -N <node>): each its own port, spool, pid and log file (%n: node)
+SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
+SlurmdPidFile=$STATE/slurmd@%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE CPUs=$cpus RealMemory=$mem State=UNKNOWN
-PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+SlurmdLogFile=$STATE/log/slurmd@%n.log
+$( ((GPUS > 0)) && echo "GresTypes=gpu")
 EOF
-    say "wrote $CONF (node $NODE, CPUs=$cpus, RealMemory=${mem} MB, partition cpu)"
+    for i in "${!NODES[@]}"; do
+        echo "NodeName=${NODES[i]} NodeAddr=127.0.0.1 NodeHostname=$NODE Port=$((6818 + i)) CPUs=$cpus RealMemory=$mem ${gres}State=UNKNOWN" >>"$CONF"
+    done
+    # cpu: the first node only, so that jobs run two at a time on this host's cores as before; gpu (the cluster
+    # profile's GPU partition name): every node, for multi-node requests
+    echo "PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+    echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP" >>"$CONF"
+    # Stand-in GPUs: SLURM 22.05 drops file-less GPUs from a node's gres, so each is a device file that is
+    # /dev/null (char 1,3; a plain file where mknod is not allowed, which slurmd logs and still counts).
+    # SLURM allocates them per node and sets CUDA_VISIBLE_DEVICES; no process can use them as GPUs.
+    { echo "$MARK; stop restores any previous file."; } >"$GRES_CONF"
+    if ((GPUS > 0)); then
+        rm -rf "$STATE/gpu" && mkdir -p "$STATE/gpu"
+        for ((i = 0; i < GPUS; i++)); do
+            mknod "$STATE/gpu/gpu$i" c 1 3 2>/dev/null || touch "$STATE/gpu/gpu$i"
+        done
+        echo "Name=gpu File=$STATE/gpu/gpu[0-$((GPUS - 1))]" >>"$GRES_CONF"
+    fi
+    say "wrote $CONF (nodes ${NODES[*]}: CPUs=$cpus, RealMemory=${mem} MB, GPUs=$GPUS each; partitions cpu, gpu)"
 }
 
 # ---------------------------------------------------------------------------------------- munge
@@ -260,17 +306,14 @@ start_munged() {
 }
 
 # ------------------------------------------------------------------------------------------ slurm
-start_slurm_daemon() { # name args...
-    local name=$1 pid
+start_slurm_daemon() { # name (slurmctld, slurmd@<node>) args...
+    local name=$1 prog=${1%%@*}
     shift
     our_pid "$name" >/dev/null && return 0
-    if pid=$(foreign_pid "$name"); then
-        die "a $name (pid $pid) not started by this script is running: stop it, or use that cluster directly"
-    fi
     rm -f "$STATE/$name.pid"
     # both daemonize and write their pid file (SlurmctldPidFile / SlurmdPidFile = $STATE/<name>.pid)
     # (9>&-: the daemon must not inherit the lock)
-    "$name" "$@" </dev/null >>"$STATE/log/$name.stdout" 2>&1 9>&- || die "$name did not start (see $STATE/log/$name.log)"
+    "$prog" "$@" </dev/null >>"$STATE/log/$name.stdout" 2>&1 9>&- || die "$name did not start (see $STATE/log/$name.log)"
     local i
     for ((i = 0; i < 100; i++)); do
         our_pid "$name" >/dev/null && return 0
@@ -279,20 +322,35 @@ start_slurm_daemon() { # name args...
     die "$name did not stay up (see $STATE/log/$name.log)"
 }
 
-node_state() { sinfo -h -N -n "$NODE" -o %t 2>/dev/null | head -1; }
+# "up" when every node of the cluster is idle, mixed or allocated; else the nodes' states
+nodes_up() {
+    local states up
+    states=$(sinfo -h -N -n "$(IFS=,; echo "${NODES[*]}")" -o '%N=%t' 2>/dev/null | sort -u | tr '\n' ' ')
+    up=$(grep -oE '=(idle|mix|alloc) ' <<<"$states" | wc -l)
+    if ((up == ${#NODES[@]})); then echo up; else echo "${states:-no answer}"; fi
+}
 
 wait_idle() {
     local state="" deadline=$((SECONDS + TIMEOUT))
     while ((SECONDS < deadline)); do
-        state=$(node_state)
-        case $state in
-        idle | mix | alloc) return 0 ;;
-        esac
+        state=$(nodes_up)
+        [[ $state == up ]] && return 0
         sleep 0.5
     done
-    say "node $NODE is '${state:-unknown}' after ${TIMEOUT}s, not idle"
+    say "nodes not idle after ${TIMEOUT}s: $state"
     sinfo -R >&2 2>/dev/null || true
-    tail -n 20 "$STATE/log/slurmctld.log" "$STATE/log/slurmd.log" >&2 2>/dev/null || true
+    tail -n 20 "$STATE"/log/slurm*.log >&2 2>/dev/null || true
+    return 1
+}
+
+all_ours() { # every SLURM daemon of this cluster runs
+    local d
+    for d in "${DAEMONS[@]:1}"; do our_pid "$d" >/dev/null || return 1; done
+}
+
+any_ours() {
+    local d
+    for d in "${DAEMONS[@]:1}"; do our_pid "$d" >/dev/null && return 0; done
     return 1
 }
 
@@ -303,20 +361,27 @@ cmd_start() {
     mkdir -p "$STATE/holders"
     touch "$STATE/holders/$HOLDER"
     install_packages
-    if our_pid slurmctld >/dev/null && our_pid slurmd >/dev/null && [[ $(node_state) =~ ^(idle|mix|alloc)$ ]]; then
-        say "already running (node $NODE $(node_state)); holders: $(live_holders | tr '\n' ' ')"
+    if all_ours && [[ $(nodes_up) == up ]]; then
+        say "already running (nodes ${NODES[*]}); holders: $(live_holders | tr '\n' ' ')"
         return 0
     fi
     ensure_loopback_hostname
     # a fresh config only when no daemon of ours runs on the old one
-    if ! our_pid slurmctld >/dev/null && ! our_pid slurmd >/dev/null; then
+    if ! any_ours; then
         write_config
     fi
     # any failure from here on (die exits) stops what this run started
     trap on_start_failure EXIT
     start_munged
+    # checked before any starts: a slurmd just started leaves its daemonizing parent for a moment
+    local prog pid
+    for prog in slurmctld slurmd; do
+        if pid=$(foreign_pid "$prog"); then
+            die "a $prog (pid $pid) not started by this script is running: stop it, or use that cluster directly"
+        fi
+    done
     start_slurm_daemon slurmctld
-    start_slurm_daemon slurmd -N "$NODE"
+    for n in "${NODES[@]}"; do start_slurm_daemon "slurmd@$n" -N "$n"; done
     wait_idle || die "the local SLURM did not come up within ${TIMEOUT}s (logs: $STATE/log)"
     trap - EXIT
     say "up: $(sinfo -h -o '%P %a %D %t %N' | tr '\n' ' ')"
@@ -385,6 +450,12 @@ cmd_stop() {
         cp -p "$STATE/slurm.conf.orig" "$CONF" && rm -f "$STATE/slurm.conf.orig"
         say "restored the previous $CONF"
     fi
+    if [[ -f $STATE/gres.conf.orig ]]; then
+        cp -p "$STATE/gres.conf.orig" "$GRES_CONF" && rm -f "$STATE/gres.conf.orig"
+        say "restored the previous $GRES_CONF"
+    elif grep -qsF "$MARK" "$GRES_CONF"; then
+        rm -f "$GRES_CONF"
+    fi
     unpin_hostname
 }
 
@@ -403,7 +474,7 @@ cmd_status() {
     done
     if command -v sinfo >/dev/null && sinfo >/dev/null 2>&1; then
         sinfo
-        [[ $(node_state) =~ ^(idle|mix|alloc)$ ]] || rc=3
+        [[ $(nodes_up) == up ]] || rc=3
     else
         echo "sinfo: no controller answers"
         rc=3

@@ -14,6 +14,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+# Ray 2.55.0 as OpenRLHF 0.11.2 pins it (and uv), in a venv of their own (make .venv-cluster/.installed)
+RAY_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))
+
+
+def ray_python() -> Path:
+    """The python of the Ray venv; fails the test with what to run if it is missing."""
+    python = RAY_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no Ray test venv at {RAY_VENV}: run `make .venv-cluster/.installed` (make test builds it)")
+    return python
 
 
 def copy_workflow(dest: Path) -> Path:

@@ -18,11 +18,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import ray_python
 from test_slurm import local_slurm  # noqa: F401  (the fixture: a real SLURM on loopback)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "src" / "calibrl" / "train" / "openrlhf" / "ray_cluster.sh"
-RAY_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))
 
 # Runs inside the cluster as ray_cluster.sh's COMMAND, with the environment the script exports.
 PROBE = r"""
@@ -57,13 +57,6 @@ for name, p in procs.items():
     out[name] = {"rc": p.returncode, "connected": "CONNECTED" in stdout, "stderr": stderr[-3000:]}
 json.dump(out, open(sys.argv[1], "w"))
 """
-
-
-def ray_python() -> Path:
-    python = RAY_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"no Ray test venv at {RAY_VENV}: run `make .venv-cluster/.installed` (make test builds it)")
-    return python
 
 
 def free_port() -> int:

@@ -1,8 +1,10 @@
-"""The cluster path for real: `snakemake --profile slurm` against a single-node SLURM on loopback.
+"""The cluster path for real: `snakemake --profile slurm` against a SLURM on loopback.
 
-scripts/local_slurm.sh starts SLURM (installing it with apt-get if needed; root only), the workflow runs
-a micro config through sbatch with slurm/config.yaml layered with tests/slurm_overlay.yaml (partition
-cpu, no GPUs), and a two-rule Snakefile checks that failed jobs are resubmitted as the profile says.
+scripts/local_slurm.sh starts SLURM (installing it with apt-get if needed; root only): partition cpu (one node)
+and partition gpu (two nodes with 8 stand-in GPUs each). The workflow runs a micro config through sbatch with
+slurm/config.yaml layered with tests/slurm_overlay.yaml (partition cpu, no GPUs); a two-rule Snakefile checks
+that failed jobs are resubmitted as the profile says; the paper's two-node layout gets its nodes and GPUs from
+SLURM and its Ray placement groups from a Ray cluster spanning them.
 """
 
 import json
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, write_config
+from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, write_config
 
 # slow too: minutes, and `-m "not slow"` quick runs should not start daemons
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -281,3 +283,105 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
     )
     assert evaluated == [2, 4, 6, 8, 10, 12], evaluated
     assert {k: (run_dir / "eval" / f"step_{k}.json").stat().st_mtime_ns for k in (2, 4)} == kept
+
+
+# ------------------------------------------------------------------------------------- multi-node request
+MULTINODE_SNAKEFILE = """\
+# The request rule train makes for a paper run (calibrl.layout.slurm_request of calibrl.grid.layout_params, as
+# workflow/rules/common.smk's train_request), submitted through the profile; in the allocation, ray_cluster.sh
+# starts Ray on every node and the probe asks it for OpenRLHF's placement groups (calibrl.layout.ray_requests).
+import json
+
+from calibrl import grid as G
+from calibrl import layout as L
+
+
+configfile: {paper!r}
+
+
+def groups(run, layout):
+    settings = G.train_params(config, run)
+    kl, dlc = L.uses_kl(settings["method"], settings["train"]), settings["method"]["dlc_mu"] > 0
+    return L.roles(layout, kl, dlc)["ray_groups"]
+
+
+RUN, DLC_RUN = G.Run("qwen3-14b", "grpo", 0), G.Run("qwen3-8b", "dapo_iac_dlc", 0)
+LAYOUT = G.layout_params(config, RUN)
+# Qwen3-14B's layout before the config check existed: actor 2x8, reference 4, vLLM 4 engines x TP2
+OLD = {{**LAYOUT, "colocate_all": False, "actor_gpus_per_node": 8, "ref_gpus_per_node": 4, "vllm_engines": 4}}
+LAYOUTS = {{
+    "paper": {{"groups": groups(RUN, LAYOUT), "wait_s": 120}},
+    "dlc_8b": {{"groups": groups(DLC_RUN, G.layout_params(config, DLC_RUN)), "wait_s": 120}},
+    "old": {{"groups": groups(RUN, OLD), "wait_s": 10}},
+}}
+
+
+rule train:
+    output:
+        "ray.json",
+    params:
+        layouts=json.dumps(LAYOUTS),
+        gpus=LAYOUT["gpus_per_node"],
+    resources:
+        **L.slurm_request(LAYOUT),
+    shell:
+        "echo '{{params.layouts}}' > layouts.json; "
+        "RAY_GPUS_PER_NODE={{params.gpus}} bash {script} {python} {probe} layouts.json {{output}}"
+"""
+
+
+def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tmp_path):
+    """Qwen3-14B's layout in config/paper.yaml, 2 nodes x 8 GPUs: the request reaches sbatch through the
+    profile (which sets no nodes or GPUs for rule train), SLURM allocates both nodes of partition gpu with 8
+    GPUs each, ray_cluster.sh starts a head and a worker (one srun step per node), and Ray places OpenRLHF's
+    colocated group of 16 bundles, 8 per node. In the same allocation the 8B DLC run's split layout fits one
+    node; the old 14B layout (28 GPUs) is never placed: its actor's group waits forever, as OpenRLHF would."""
+    python = ray_python()
+    shutil.copytree(REPO / "slurm", tmp_path / "slurm")
+    script = REPO / "src" / "calibrl" / "train" / "openrlhf" / "ray_cluster.sh"
+    probe = REPO / "tests" / "ray_placement_probe.py"
+    snakefile = MULTINODE_SNAKEFILE.format(
+        paper=str(REPO / "config" / "paper.yaml"), script=script, python=python, probe=probe
+    )
+    (tmp_path / "multinode.smk").write_text(snakefile)
+    # the test cluster's partition and sizes in place of the real ones (no nodes or GPUs: those are the rule's)
+    (tmp_path / "overlay.yaml").write_text(
+        "default-resources: {slurm_partition: gpu, runtime: 10, mem_mb: 1000}\n"
+        "set-resources: {train: {slurm_partition: gpu, cpus_per_task: 1, mem_mb: 2000, runtime: 10}}\n"
+        "slurm-init-seconds-before-status-checks: 2\nslurm-keep-successful-logs: true\nlatency-wait: 5\n"
+    )
+    env = {
+        **JOB_ENV,
+        "RAY_BIN": str(python.parent / "ray"),
+        "RAY_PYTHON": str(python),
+        "RAY_PORT": str(_free_port()),
+        "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
+        "RAY_JOIN_TIMEOUT": "180",
+        # a CPU per bundle: the stand-in nodes have this host's 2 cores, a GPU node has many (cpus_per_task)
+        "RAY_CPUS_PER_NODE": "8",
+    }
+    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", str(tmp_path / "overlay.yaml"), "-s", "multinode.smk"]
+    proc = run(cmd, cwd=tmp_path, timeout=420, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    ((job_id, log),) = submitted_jobs(output).items()
+    show = run(["scontrol", "show", "job", job_id]).stdout
+    if show:  # slurmctld forgets finished jobs after MinJobAge (300 s)
+        assert "NumNodes=2" in show and "TresPerNode=gres:gpu:8" in show and "Partition=gpu" in show, show
+    # the Ray head on the allocation's first node and a worker on the other, not the job step's node alone
+    assert re.search(r"ray_cluster.sh: head \S+ \(\S+\), 2 node\(s\), 8 GPU\(s\) per node", Path(log).read_text())
+
+    out = json.loads((tmp_path / "ray.json").read_text())
+    assert out["ray_nodes"] == [{"GPU": 8.0, "CPU": 8.0}] * 2, out["ray_nodes"]
+    placed = out["placed"]
+    assert placed["paper"] == {"actor, reference, vLLM (colocated)": [8, 8]}, placed
+    assert placed["dlc_8b"] == {"vLLM": [3], "actor": [4], "DLC memory": [1]}, placed
+    assert placed["old"] == {"vLLM": [8], "actor": None}, placed  # 8 of 16 GPUs left for an actor of 16
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
