@@ -14,8 +14,8 @@ two evaluators, (S_a - S_b) / sqrt(2 var) within 4. Each test also shows it can 
 wrong sampling settings (temperature 1, no top-k / top-p, or the reverse) lies more than 4 sd away.
 
 The ``vllm``-marked tests run in ``.venv-vllm`` (``make test-vllm``). Engines start once per test (each
-start costs 20-35 s on this machine): the reference engine, the evaluate job's, the rank job's, and two
-data-parallel ones.
+start costs 20-35 s on this machine): the reference engine, the evaluate job's two, the rank job's two, and
+two data-parallel ones.
 """
 
 from __future__ import annotations
@@ -178,8 +178,12 @@ def _z_checks(count: float, records: list[dict], samples: int, truth: Truth, rig
 
 
 def _paper_grid(**eval_changes) -> dict:
+    """config/paper.yaml's grid at this checkpoint's scale. Its 8 data-parallel engines become 2: the samples do
+    not depend on the number of engines (test_data_parallel_engines_give_the_single_engines_samples), and each
+    engine start costs 20-35 s here (8 took ~4 min per test)."""
     grid = copy.deepcopy(PAPER["grid"])
-    grid["eval"].update(n=8, k=8, max_new_tokens=MAX_NEW, dtype="float32", enforce_eager=True, **eval_changes)
+    grid["eval"].update(n=8, k=8, max_new_tokens=MAX_NEW, dtype="float32", enforce_eager=True, data_parallel_size=2)
+    grid["eval"].update(eval_changes)
     grid["train"].update(max_new_tokens=MAX_NEW, max_prompt_len=300, filter_samples=8)
     return grid
 
