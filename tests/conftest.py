@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ def ray_python() -> Path:
     if not python.exists():
         pytest.fail(f"no Ray test venv at {RAY_VENV}: run `make .venv-cluster/.installed` (make test builds it)")
     return python
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def copy_workflow(dest: Path) -> Path:

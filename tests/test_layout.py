@@ -33,7 +33,7 @@ def _paper(**models) -> dict:
 def _demand(cfg: dict, run: G.Run) -> tuple[int, dict]:
     m = G.method(cfg, run.method)
     lay = G.layout_params(cfg, run)
-    roles = L.roles(lay, L.uses_kl(m.to_dict(), cfg["grid"]["train"]), m.dlc_mu > 0)
+    roles = L.run_roles(lay, m.to_dict(), cfg["grid"]["train"])
     return roles["ray_gpus"], L.slurm_request(lay)
 
 
@@ -66,7 +66,7 @@ def test_ray_requests_are_the_placement_groups_openrlhf_creates():
 
     def groups(cfg, run):
         m = G.method(cfg, run.method)
-        r = L.roles(G.layout_params(cfg, run), L.uses_kl(m.to_dict(), cfg["grid"]["train"]), m.dlc_mu > 0)
+        r = L.run_roles(G.layout_params(cfg, run), m.to_dict(), cfg["grid"]["train"])
         assert r["ray_gpus"] == sum(b["GPU"] for bundles in r["ray_groups"].values() for b in bundles)
         assert all(b == {"GPU": 1, "CPU": 1} for bundles in r["ray_groups"].values() for b in bundles)
         return {role: len(bundles) for role, bundles in r["ray_groups"].items()}

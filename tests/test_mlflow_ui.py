@@ -5,14 +5,13 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from conftest import REPO
+from conftest import REPO, free_port
 
 from calibrl.tracking import RunRecord, Store
 
@@ -32,12 +31,6 @@ pytestmark = [
         not os.path.exists(CHROMIUM), reason="chromium is not installed (apt-get install -y chromium; CI installs it)"
     ),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ray_python
+from conftest import free_port, ray_python
 from test_slurm import local_slurm  # noqa: F401  (the fixture: a real SLURM on loopback)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,12 +57,6 @@ for name, p in procs.items():
     out[name] = {"rc": p.returncode, "connected": "CONNECTED" in stdout, "stderr": stderr[-3000:]}
 json.dump(out, open(sys.argv[1], "w"))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, write_config
+from conftest import REPO, SNAKEMAKE, copy_workflow, free_port, load_config, ray_python, write_config
 
 # slow too: minutes, and `-m "not slow"` quick runs should not start daemons
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -299,10 +299,9 @@ from calibrl import layout as L
 configfile: {paper!r}
 
 
-def groups(run, layout):
+def groups(run, layout):  # as calibrl.train.openrlhf.job.openrlhf_run places the run
     settings = G.train_params(config, run)
-    kl, dlc = L.uses_kl(settings["method"], settings["train"]), settings["method"]["dlc_mu"] > 0
-    return L.roles(layout, kl, dlc)["ray_groups"]
+    return L.run_roles(layout, settings["method"], settings["train"])["ray_groups"]
 
 
 RUN, DLC_RUN = G.Run("qwen3-14b", "grpo", 0), G.Run("qwen3-8b", "dapo_iac_dlc", 0)
@@ -354,7 +353,7 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
         **JOB_ENV,
         "RAY_BIN": str(python.parent / "ray"),
         "RAY_PYTHON": str(python),
-        "RAY_PORT": str(_free_port()),
+        "RAY_PORT": str(free_port()),
         "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
         "RAY_JOIN_TIMEOUT": "180",
         # a CPU per bundle: the stand-in nodes have this host's 2 cores, a GPU node has many (cpus_per_task)
@@ -377,11 +376,3 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     assert placed["paper"] == {"actor, reference, vLLM (colocated)": [8, 8]}, placed
     assert placed["dlc_8b"] == {"vLLM": [3], "actor": [4], "DLC memory": [1]}, placed
     assert placed["old"] == {"vLLM": [8], "actor": None}, placed  # 8 of 16 GPUs left for an actor of 16
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

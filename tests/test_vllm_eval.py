@@ -177,13 +177,12 @@ def _z_checks(count: float, records: list[dict], samples: int, truth: Truth, rig
     return sd
 
 
-def _paper_grid(**eval_changes) -> dict:
+def _paper_grid() -> dict:
     """config/paper.yaml's grid at this checkpoint's scale. Its 8 data-parallel engines become 2: the samples do
     not depend on the number of engines (test_data_parallel_engines_give_the_single_engines_samples), and each
     engine start costs 20-35 s here (8 took ~4 min per test)."""
     grid = copy.deepcopy(PAPER["grid"])
     grid["eval"].update(n=8, k=8, max_new_tokens=MAX_NEW, dtype="float32", enforce_eager=True, data_parallel_size=2)
-    grid["eval"].update(eval_changes)
     grid["train"].update(max_new_tokens=MAX_NEW, max_prompt_len=300, filter_samples=8)
     return grid
 

@@ -61,6 +61,12 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
     }
 
 
+def run_roles(layout: dict, method: dict, train: dict) -> dict:
+    """:func:`roles` for one run: its method (``dapo``, ``dlc_mu``) and training settings decide the reference
+    model (:func:`uses_kl`) and DLC's memory actor."""
+    return roles(layout, uses_kl(method, train), float(method["dlc_mu"]) > 0)
+
+
 def ray_requests(placement: dict, colocated: bool, kl: bool, dlc: bool) -> dict[str, list[dict]]:
     """What OpenRLHF 0.11.2 asks Ray for, per role: the bundles of its placement group, each ``{"GPU": 1,
     "CPU": 1}`` (a lone one-GPU actor's request counted as one bundle). Colocated, one group of the actor's GPUs

@@ -172,7 +172,7 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     n_params = parameters(hf)
     m = G.method(config, run.method)
     lay = G.layout_params(config, run)
-    roles = L.roles(lay, L.uses_kl(m.to_dict(), tr), m.dlc_mu > 0)
+    roles = L.run_roles(lay, m.to_dict(), tr)
     gpus = int(lay["nodes"]) * int(lay["gpus_per_node"])
     res = roles["resources"]
     gen_gpus = gpus if lay["colocate_all"] else res["vllm_engines"] * res["vllm_tensor_parallel_size"]

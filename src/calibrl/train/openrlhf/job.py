@@ -17,7 +17,7 @@ from pathlib import Path
 from calibrl import filtering
 from calibrl.data.records import read_jsonl
 from calibrl.io import write_text
-from calibrl.layout import DEFAULTS, roles, uses_kl
+from calibrl.layout import DEFAULTS, run_roles
 from calibrl.train.openrlhf.data import LABEL_KEY, PROMPT_KEY, write_prompts
 
 log = logging.getLogger("calibrl.openrlhf")
@@ -31,7 +31,7 @@ def openrlhf_run(settings: dict, layout: dict, data_path: str, rows: int, run_di
     read offline: never a Hub id, which every actor would fetch on a compute node."""
     method = {k: v for k, v in settings["method"].items() if k != "name"}
     lay = layout_of(layout)
-    placement = roles(lay, uses_kl(method, settings["train"]), method["dlc_mu"] > 0)["resources"]
+    placement = run_roles(lay, method, settings["train"])["resources"]
     run = Path(run_dir).resolve()  # Ray actors run elsewhere: every path they get is absolute
     memory = settings.get("memory")
     if not models.get("policy") or (memory and not models.get("memory")):
