@@ -42,7 +42,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet transformers==5.15.0 ray==2.55.0 'pytest>=8' accelerate peft pylatexenc
 	$(VLLM_BIN)/python -m pip install --quiet -e .
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
-	$(VLLM_BIN)/python -c "import vllm, ray, calibrl.train.openrlhf.vllm_dlc"
+	$(VLLM_BIN)/python -c "import vllm, ray, calibrl.backends.openrlhf.vllm_dlc"
 	touch $@
 
 run: $(VENV)/.installed

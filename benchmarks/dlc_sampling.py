@@ -48,7 +48,7 @@ def memory_processor(memory, mu: float, pad_id: int):
     import torch
     from transformers import LogitsProcessor
 
-    from calibrl.dlc import calibrated_logits
+    from calibrl.algo.dlc import calibrated_logits
     from calibrl.sampling import position_ids_from_mask
 
     class MemoryProcessor(LogitsProcessor):

@@ -1,7 +1,7 @@
-"""Snakemake script of rule data_download (calibrl.pipeline.download_job)."""
+"""Snakemake script of rule data_download (calibrl.data.jobs.download_job)."""
 
+from calibrl.data.jobs import download_job
 from calibrl.logs import setup
-from calibrl.pipeline import download_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])

@@ -1,7 +1,7 @@
-"""Snakemake script of rule data_synthetic (calibrl.pipeline.data_job)."""
+"""Snakemake script of rule data_synthetic (calibrl.data.jobs.data_job)."""
 
+from calibrl.data.jobs import data_job
 from calibrl.logs import setup
-from calibrl.pipeline import data_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])

@@ -1,7 +1,7 @@
-"""Snakemake script of rule rank_train (calibrl.pipeline.rank_job). Guarded: grading workers re-import __main__."""
+"""Snakemake script of rule rank_train (calibrl.evaluate.vllm.rank_job). Guarded: grading workers re-import __main__."""
 
+from calibrl.evaluate.vllm import rank_job
 from calibrl.logs import setup
-from calibrl.pipeline import rank_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])

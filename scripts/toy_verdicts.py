@@ -5,4 +5,4 @@ from calibrl.toy.jobs import verdicts_job
 
 setup(snakemake.log[0])
 seeds = dict(zip(snakemake.params.figures, snakemake.input.seeds))
-verdicts_job(seeds, snakemake.params.toy, snakemake.output.md, snakemake.output.csv)
+verdicts_job(seeds, snakemake.params.toy, snakemake.output.md, snakemake.output.csv, snakemake.output.claims)

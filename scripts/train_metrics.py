@@ -1,7 +1,7 @@
-"""Snakemake script of rule train_metrics (paper scale: calibrl.pipeline.metrics_job)."""
+"""Snakemake script of rule train_metrics: the run's training metrics (calibrl.backends.jobs.metrics_job)."""
 
+from calibrl.backends.jobs import metrics_job
 from calibrl.logs import setup
-from calibrl.pipeline import metrics_job
 
 setup(snakemake.log[0])
-metrics_job(snakemake.params.run_dir, snakemake.output[0])
+metrics_job(snakemake.input.settings, snakemake.output[0])

@@ -1,7 +1,7 @@
-"""Snakemake script of rule warmstart (calibrl.pipeline.warmstart_job)."""
+"""Snakemake script of rule warmstart (calibrl.backends.local.warmstart.warmstart_job)."""
 
+from calibrl.backends.local.warmstart import warmstart_job
 from calibrl.logs import setup
-from calibrl.pipeline import warmstart_job
 
 if __name__ == "__main__":
     setup(snakemake.log[0])

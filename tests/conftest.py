@@ -76,6 +76,43 @@ def load_config(workdir: Path) -> dict:
     return yaml.safe_load((workdir / "config" / "config.yaml").read_text())
 
 
+def filled(name_or_config, check: bool = True) -> dict:
+    """A shipped config (``"config"``, ``"paper"``; or a config dict as written) with the schema's defaults filled
+    in, as the workflow reads it; validated first unless ``check`` is False (a config invalid on purpose)."""
+    import copy
+
+    from calibrl import config as C
+
+    cfg = name_or_config
+    if isinstance(cfg, str):
+        cfg = yaml.safe_load((REPO / "config" / f"{cfg}.yaml").read_text())
+    cfg = copy.deepcopy(cfg)
+    if check:
+        return C.validate(cfg)
+    schema = C.schema()
+    return C.fill_defaults(cfg, schema, schema)
+
+
+def paper_settings(config: dict, run, root: Path, models: dict | None = None) -> Path:
+    """The settings.json of a paper-scale ``run`` (``config`` filled) under ``root/runs/...``, as rule run_settings
+    writes it, with made-up model folders (``models``: input name -> folder; default empty folders under root)."""
+    from calibrl import checkpoints
+    from calibrl import grid as G
+
+    spec = G.method(config, run.method)
+    names = ["init"] + (["memory"] if spec.uses_dlc else []) + (["success"] if spec.filters else [])
+    paths = {n: str(root / n) for n in names} | {"train": str(root / "train.jsonl")} | (models or {})
+    for name in ("init", "memory"):
+        if name in paths:
+            Path(paths[name]).mkdir(parents=True, exist_ok=True)
+    digests = {n: "digest" for n in paths}
+    stamp = checkpoints.stamp(G.train_params(config, run), digests, paths, G.resources(config, run))
+    out = root / "runs" / run.path / "settings.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stamp))
+    return out
+
+
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

@@ -3,7 +3,7 @@
 On CPU, ``.venv-vllm`` has real Ray, OpenRLHF 0.11.2 and vLLM, but not DeepSpeed, flash-attn or datasets, which
 OpenRLHF's trainer modules import at load time. ``setup`` puts stand-ins for exactly those (and for OpenRLHF's
 modules that import them) into ``sys.modules`` and then calls the hook named in ``CALIBRL_TEST_REAL_HOOK``,
-the launcher's own (``calibrl.train.openrlhf.iac_patch.apply``), so the patch a worker gets is the real one.
+the launcher's own (``calibrl.backends.openrlhf.hook.setup``), so the patches a worker gets are the real ones.
 """
 
 from __future__ import annotations

@@ -21,30 +21,35 @@ class Probe(BasePPOTrainer):
     """A trainer actor without models or engines (``BasePPOTrainer.__init__`` wants both)."""
 
     def __init__(self, argv: list[str]):
-        from calibrl.train.openrlhf.command import check_openrlhf_argv
+        from calibrl.backends.openrlhf.command import check_openrlhf_argv
 
         self.args = check_openrlhf_argv(argv)
 
     def state(self) -> dict:
+        import json
+        from pathlib import Path
+
         import openrlhf.trainer.ppo_utils.experience_maker as em
 
-        from calibrl.train.openrlhf import iac_patch
+        from calibrl.backends.openrlhf import steps
+        from calibrl.backends.openrlhf.patching import MARK
 
+        settings = os.environ["CALIBRL_SETTINGS"]
         return {
-            "alpha": iac_patch.iac_alpha(),
-            "max_steps": os.environ.get("CALIBRL_MAX_STEPS"),
-            "iac_patched": getattr(em.RemoteExperienceMaker.compute_advantages_and_returns, iac_patch.MARK, False),
-            "step_limit": getattr(BasePPOTrainer.train_step, "__calibrl_steps__", False),
+            "settings": settings,
+            "stop_at": json.loads((Path(settings).parent / steps.SEGMENT).read_text())["stop_at"],
+            "iac_patched": "iac" in getattr(em.RemoteExperienceMaker.compute_advantages_and_returns, MARK, ()),
+            "step_limit": "steps" in getattr(BasePPOTrainer.train_step, MARK, ()),
             "is_trainer": isinstance(self, BasePPOTrainer),
             "pid": os.getpid(),
         }
 
-    def advantages(self, rewards: list[list[float]], alpha: str, seed: int = 0) -> list[list[float]]:
-        """OpenRLHF's (P, G) group advantages for binary ``rewards``, with ``CALIBRL_IAC_ALPHA=alpha``."""
+    def advantages(self, rewards: list[list[float]], calibrated: bool, seed: int = 0) -> list[list[float]]:
+        """OpenRLHF's (P, G) group advantages for binary ``rewards``: with the IAC patch the setup hook installed,
+        or OpenRLHF's own method under it."""
         import openrlhf.trainer.ppo_utils.experience_maker as em
         from openrlhf.trainer.ppo_utils.experience import Experience
 
-        os.environ["CALIBRL_IAC_ALPHA"] = alpha
         self.args.rollout.n_samples_per_prompt = len(rewards[0])  # the paper's G = 8 would need 8 per group
         self.args.rollout.micro_batch_size = 3  # ragged micro-batches: the patch must regroup by index
         rng = random.Random(seed)
@@ -77,7 +82,8 @@ class Probe(BasePPOTrainer):
         for e in experiences:
             e.kl = torch.zeros(e.action_mask.shape)
         rng.shuffle(experiences)
-        out = maker.compute_advantages_and_returns(experiences)
+        method = em.RemoteExperienceMaker.compute_advantages_and_returns
+        out = (method if calibrated else method.__wrapped__)(maker, experiences)
         index = torch.tensor([i for e in out for i in e.index])
         flat = torch.cat([e.advantages[:, 0] for e in out])
         grouped = torch.empty_like(flat)

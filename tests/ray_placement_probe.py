@@ -3,8 +3,8 @@
     python ray_placement_probe.py LAYOUTS_JSON OUT_JSON
 
 LAYOUTS_JSON: {name: {"groups": {role: bundles}, "wait_s": seconds}}, the placement groups OpenRLHF 0.11.2 asks
-for (calibrl.layout.ray_requests), in its order. Each layout's groups are created one after the other, as
-OpenRLHF does (it blocks on each until placed); a group not placed within wait_s stops that layout, and all of
+for (calibrl.backends.openrlhf.layout.ray_requests), in its order. Each layout's groups are created one after the
+other, as OpenRLHF does (it blocks on each until placed); a group not placed within wait_s stops that layout, and all of
 its groups are removed before the next layout. OUT_JSON: the Ray nodes' resources, and per layout and role how
 many bundles each node got (None: never placed).
 """

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, fake_run_results, load_config
+from conftest import fake_run_results, filled
 
 from calibrl import checkpoints
 from calibrl import grid as G
@@ -33,14 +33,14 @@ RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m"
 
 
 def grid_config() -> dict:
-    grid = load_config(REPO)["grid"]
+    grid = filled("config")["grid"]
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": ["grpo"]}
     grid["eval"].update(n=4, k=4, max_new_tokens=6)
     return grid
 
 
-JOBS = {"evaluate": "calibrl.pipeline", "aggregate": "calibrl.report.jobs"}
+JOBS = {"evaluate": "calibrl.evaluate", "aggregate": "calibrl.report.jobs"}
 
 
 def job_script(kind: str, args: dict) -> list[str]:

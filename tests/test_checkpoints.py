@@ -1,5 +1,5 @@
-"""The run folder's rules (calibrl.checkpoints, calibrl.grid): one writer, checkpoints stamped with the settings
-that made them, and markers that carry that stamp to evaluation."""
+"""The run folder's rules (calibrl.checkpoints, calibrl.grid, calibrl.runs): one writer, checkpoints stamped with
+the settings that made them, and markers that carry that stamp to evaluation."""
 
 import json
 import os
@@ -9,12 +9,14 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO, load_config
+from conftest import filled
 
 from calibrl import checkpoints
 from calibrl import grid as G
+from calibrl.checkpoints import changed_keys, fingerprint
+from calibrl.runs import marker_of
 
-CONFIG = {"grid": load_config(REPO)["grid"]}
+CONFIG = filled("config")
 
 
 def test_run_path_and_its_inverse():
@@ -43,10 +45,16 @@ def test_each_job_reads_only_its_slice():
     assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
     assert G.eval_params(changed) != G.eval_params(CONFIG)  # n is the evaluation's own
     changed["grid"]["train"]["lr"] = 1e-3
-    assert G.fingerprint(G.train_params(changed, run)) != G.fingerprint(base)
+    assert fingerprint(G.train_params(changed, run)) != fingerprint(base)
     assert G.eval_params(changed) == G.eval_params({"grid": {**changed["grid"], "train": CONFIG["grid"]["train"]}})
     assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
-    assert G.changed_keys(base, G.train_params(changed, run)) == ["train.lr"]
+    assert changed_keys(base, G.train_params(changed, run)) == ["train.lr"]
+    # a DAPO-only setting reruns the DAPO runs alone: a method's spec holds only what applies to it
+    dapo_only = json.loads(json.dumps(CONFIG))
+    dapo_only["grid"]["train"]["dapo_clip_high"] = 0.3
+    assert G.train_params(dapo_only, run) == base
+    dapo = G.Run("qwen3-tiny-m", "dapo", 0)
+    assert changed_keys(G.train_params(CONFIG, dapo), G.train_params(dapo_only, dapo)) == ["method.clip_high"]
     # DLC's memory model belongs to the runs that use it only
     assert G.train_params(CONFIG, G.Run("qwen3-tiny-m", "dapo_iac_dlc", 0))["memory"]["name"] == "qwen3-tiny-xs"
     assert base["memory"] is None
@@ -60,17 +68,17 @@ def test_a_longer_cpu_run_keeps_its_identity_an_openrlhf_one_does_not():
     longer["grid"]["train"]["steps"] *= 2
     assert G.train_params(longer, run) == G.train_params(CONFIG, run)
     assert "steps" not in G.train_params(CONFIG, run)["train"]
-    assert G.run_length(longer) == 2 * G.run_length(CONFIG)
+    assert G.segment_ends(longer, run) == [2 * CONFIG["grid"]["train"]["steps"]]  # the training job's target
     paper = {"grid": {**CONFIG["grid"], "trainer": "openrlhf"}}
     paper_longer = {"grid": {**longer["grid"], "trainer": "openrlhf"}}
-    assert G.changed_keys(G.train_params(paper, run), G.train_params(paper_longer, run)) == ["train.steps"]
+    assert changed_keys(G.train_params(paper, run), G.train_params(paper_longer, run)) == ["train.steps"]
 
 
 def test_fingerprint_is_stable_and_ignores_key_order():
     a = {"train": {"lr": 0.001, "steps": 100}, "seed": 0}
     b = {"seed": 0, "train": {"steps": 100, "lr": 1e-3}}
-    assert G.fingerprint(a) == G.fingerprint(b) and len(G.fingerprint(a)) == 16
-    assert G.fingerprint({**a, "seed": 1}) != G.fingerprint(a)
+    assert fingerprint(a) == fingerprint(b) and len(fingerprint(a)) == 16
+    assert fingerprint({**a, "seed": 1}) != fingerprint(a)
 
 
 def test_claim_keeps_matching_checkpoints_and_sets_aside_others(tmp_path, caplog):
@@ -185,10 +193,11 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
     """grid.retention at paper scale: once its result is written, an OpenRLHF checkpoint (global_step{k}_hf) is
     removed unless it is the run's newest or listed; its marker stays, so training counts the step as done;
     evaluating it again says what happened and what to do."""
+    from calibrl.backends import get
+    from calibrl.backends.openrlhf.launch import write_markers
     from calibrl.data.records import write_jsonl
     from calibrl.evaluate import evaluate_job
     from calibrl.models import build_model, build_tokenizer, save
-    from calibrl.train.openrlhf.launch import write_markers
 
     tok = build_tokenizer()
     ckpt = tmp_path / "ckpt" / "openrlhf"
@@ -205,6 +214,7 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
     write_jsonl(tmp_path / "test.jsonl", [{"id": "a", "problem": "1 + 1", "answer": "2", "source": "test"}])
     params = G.eval_params({"grid": {**CONFIG["grid"], "eval": {**CONFIG["grid"]["eval"], "n": 2, "k": 2}}})
     keep = {"remove_evaluated": True, "keep_steps": [4]}
+    backend = get("openrlhf")
 
     def evaluate(*steps):
         markers = [str(tmp_path / "ckpt" / f"step_{s}.done") for s in steps]
@@ -217,7 +227,10 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
             outs,
             list(steps),
             workers=0,
-            retention=keep,
+            # as scripts/evaluate.py wires grid.retention to the run's backend
+            release=(lambda policy, step: backend.release(policy, step, keep["keep_steps"]))
+            if keep["remove_evaluated"]
+            else None,
         )
 
     evaluate(2, 4, 8)
@@ -234,6 +247,8 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
 
 
 def test_an_evaluation_names_its_checkpoints_marker():
-    assert G.marker_of("res/runs/m/grpo/s0/eval/step_50.json") == "res/runs/m/grpo/s0/ckpt/step_50.done"
+    assert marker_of("res/runs/m/grpo/s0/eval/step_50.json") == "res/runs/m/grpo/s0/ckpt/step_50.done"
     with pytest.raises(ValueError, match="not an evaluation file"):
-        G.marker_of("res/runs/m/grpo/s0/metrics.jsonl")
+        marker_of("res/runs/m/grpo/s0/metrics.jsonl")
+    # the CPU backend's checkpoints stay: they are small and resumed from
+    assert G.backend(CONFIG).release("anything", 2, []) is False

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibrl import stats as S
 from calibrl.metrics import pass_at_k
 from calibrl.report import claims as C
-from calibrl.report import stats as S
 
 RECORDED = Path(__file__).parent / "data" / "recorded_per_problem.csv.gz"
 

@@ -119,8 +119,8 @@ def test_profile_runs_slurm_jobs_in_the_gpu_venv(tmp_path):
 
 
 def test_profile_leaves_gpu_requests_to_the_config():
-    """train, evaluate and rank_train request their nodes and GPUs from the config (calibrl.layout, grid.eval): a
-    `nodes`, `gres` or `gpu` in the profile's set-resources would replace that request."""
+    """train, evaluate and rank_train request their nodes and GPUs from the config (calibrl.backends.openrlhf.layout,
+    grid.eval): a `nodes`, `gres` or `gpu` in the profile's set-resources would replace that request."""
     resources = yaml.safe_load(PROFILE.read_text())["set-resources"]
     for rule in ("train", "evaluate", "rank_train"):
         assert not {"nodes", "gres", "gpu"} & set(resources[rule]), rule

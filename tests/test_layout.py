@@ -1,25 +1,26 @@
-"""Paper-scale GPU layouts (calibrl.layout): what Ray waits for against what rule train requests, the config
-check that refuses an unsatisfiable layout by its keys, keys a backend ignores, and the commands OpenRLHF 0.11.2's
-own parser takes for each layout of config/paper.yaml."""
+"""Paper-scale GPU layouts (calibrl.backends.openrlhf.layout): what Ray waits for against what rule train requests,
+the config check that refuses an unsatisfiable layout by its keys, keys a backend ignores, and the commands
+OpenRLHF 0.11.2's own parser takes for each layout of config/paper.yaml."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import filled
 
 from calibrl import grid as G
-from calibrl import layout as L
+from calibrl.backends.openrlhf import layout as L
 from calibrl.config import problems
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())  # as written: what the checks read
 DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 
 
@@ -31,20 +32,21 @@ def _paper(**models) -> dict:
 
 
 def _demand(cfg: dict, run: G.Run) -> tuple[int, dict]:
-    m = G.method(cfg, run.method)
-    lay = G.layout_params(cfg, run)
-    roles = L.run_roles(lay, m.to_dict(), cfg["grid"]["train"])
+    lay = G.resources(cfg, run)
+    roles = L.run_roles(lay, G.method(cfg, run.method))
     return roles["ray_gpus"], L.slurm_request(lay)
 
 
 def test_every_paper_run_fits_the_allocation_it_requests():
-    assert problems(PAPER, SCHEMA) == []
+    assert problems(PAPER) == []
+    paper = filled(PAPER)
     seen = {}
-    for run in G.runs(PAPER):
-        demand, request = _demand(PAPER, run)
+    for run in G.runs(paper):
+        demand, request = _demand(paper, run)
         gpus = request["nodes"] * int(request["gres"].rsplit(":", 1)[1])
         assert demand <= gpus, run
-        seen[(run.model, G.method(PAPER, run.method).dlc_mu > 0)] = (demand, request)
+        assert request == G.request(paper, run)  # what rule train asks SLURM for
+        seen[(run.model, G.method(paper, run.method).uses_dlc)] = (demand, request)
     # the hybrid engine takes every GPU of its nodes; DLC's split layout: actor 4 + vLLM 3 + memory 1
     assert seen[("qwen3-14b", False)] == (16, {"nodes": 2, "gres": "gpu:8"})
     assert seen[("qwen3-8b", False)] == (8, {"nodes": 1, "gres": "gpu:8"})
@@ -55,7 +57,7 @@ def test_the_old_14b_layout_is_refused_with_its_keys_and_numbers():
     """actor 2x8 + reference 4 + vLLM 4 engines x TP2 = 28 GPUs inside 2 nodes of 8: the layout that would
     have made OpenRLHF's placement groups wait forever."""
     split = {"nodes": 2, "gpus_per_node": 8, "actor_gpus_per_node": 8, "ref_gpus_per_node": 4, "vllm_engines": 4}
-    found = dict(problems(_paper(qwen3_14b={**split, "vllm_tensor_parallel_size": 2}), SCHEMA))
+    found = dict(problems(_paper(qwen3_14b={**split, "vllm_tensor_parallel_size": 2})))
     what = found["grid.models.qwen3-14b.resources"]
     assert "with a KL" in what and "28 GPUs" in what and "actor 16 + ref 4 + vLLM 4x2" in what and "= 16" in what
 
@@ -65,8 +67,8 @@ def test_ray_requests_are_the_placement_groups_openrlhf_creates():
     (tests/test_slurm.py places these very groups in a Ray cluster on a two-node SLURM allocation.)"""
 
     def groups(cfg, run):
-        m = G.method(cfg, run.method)
-        r = L.run_roles(G.layout_params(cfg, run), m.to_dict(), cfg["grid"]["train"])
+        cfg = filled(cfg, check=False)
+        r = L.run_roles(G.resources(cfg, run), G.method(cfg, run.method))
         assert r["ray_gpus"] == sum(b["GPU"] for bundles in r["ray_groups"].values() for b in bundles)
         assert all(b == {"GPU": 1, "CPU": 1} for bundles in r["ray_groups"].values() for b in bundles)
         return {role: len(bundles) for role, bundles in r["ray_groups"].items()}
@@ -81,7 +83,7 @@ def test_ray_requests_are_the_placement_groups_openrlhf_creates():
 def test_a_dlc_run_with_a_kl_needs_one_more_gpu():
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["dapo_iac_dlc"]["dapo"] = False  # a KL now: the reference model is built
-    found = dict(problems(cfg, SCHEMA))
+    found = dict(problems(cfg))
     what = found["grid.models.qwen3-8b.resources.dlc"]
     assert "a DLC run" in what and "9 GPUs" in what and "ref 1" in what and "DLC memory 1" in what
 
@@ -100,7 +102,7 @@ def test_a_dlc_run_with_a_kl_needs_one_more_gpu():
 )
 def test_each_unsatisfiable_setting_is_named(change, key, words):
     base = PAPER["grid"]["models"]["qwen3-8b"]["resources"]
-    found = dict(problems(_paper(qwen3_8b={**base, **change}), SCHEMA))
+    found = dict(problems(_paper(qwen3_8b={**base, **change})))
     assert words in found.get(f"grid.models.qwen3-8b.{key}", ""), found
 
 
@@ -108,7 +110,7 @@ def test_each_unsatisfiable_setting_is_named(change, key, words):
     "config, path, value",
     [
         (PAPER, ("warmstart",), {"steps": 1, "batch_size": 1, "lr": 0.1}),
-        (PAPER, ("train", "dapo_max_gen_batches"), 3),
+        (PAPER, ("train", "dapo_max_gen_batches"), 5),  # (at its default, 3, it acts no differently: accepted)
         (PAPER, ("train", "ppo_minibatches"), 2),
         (DEFAULT, ("retention",), {"remove_evaluated": True}),
         (DEFAULT, ("eval", "dtype"), "float32"),
@@ -121,34 +123,35 @@ def test_keys_the_chosen_backend_ignores_are_refused(config, path, value):
     for part in path[:-1]:
         node = node[part]
     node[path[-1]] = value
-    found = dict(problems(cfg, SCHEMA))
+    found = dict(problems(cfg))
     assert "grid." + ".".join(path) in found, found
+    assert problems(filled(config)) == []  # a config with its defaults filled in passes again
 
 
 def test_segments_end_on_checkpoints_and_at_the_last_step():
     run = G.Run("qwen3-8b", "grpo", 0)
-    assert G.segment_ends(PAPER, run) == list(range(250, 2001, 250))
-    assert G.segment_of(PAPER, run, 50) == 250 and G.segment_of(PAPER, run, 250) == 250
-    assert G.segment_of(PAPER, run, 300) == 500
+    paper = filled(PAPER)
+    assert G.segment_ends(paper, run) == list(range(250, 2001, 250))
+    assert G.segment_of(paper, run, 50) == 250 and G.segment_of(paper, run, 250) == 250
+    assert G.segment_of(paper, run, 300) == 500
     cfg = _paper(qwen3_8b={**PAPER["grid"]["models"]["qwen3-8b"]["resources"], "segment_steps": 750})
-    assert G.segment_ends(cfg, run) == [750, 1500, 2000]  # the last one shorter
+    assert G.segment_ends(filled(cfg), run) == [750, 1500, 2000]  # the last one shorter
     cfg["grid"]["models"]["qwen3-8b"]["resources"].pop("segment_steps")
-    assert G.segment_ends(cfg, run) == [2000]  # unset: one job
+    assert G.segment_ends(filled(cfg), run) == [2000]  # unset: one job
 
 
 @pytest.mark.skipif(not HAVE_OPENRLHF, reason="openrlhf is not installed (pip install --no-deps openrlhf==0.11.2)")
 @pytest.mark.parametrize("model, method", [("qwen3-14b", "grpo"), ("qwen3-8b", "dapo_iac_dlc"), ("qwen3-4b", "iac")])
 def test_layouts_become_openrlhf_placements(model, method, tmp_path):
-    from calibrl.train.openrlhf import command, job
+    from conftest import paper_settings
 
-    run = G.Run(model, method, 0)
-    settings = G.train_params(PAPER, run)
-    models = {"policy": str(tmp_path / "policy"), "memory": str(tmp_path / "memory")}
-    spec = job.openrlhf_run(settings, G.layout_params(PAPER, run), str(tmp_path / "p.jsonl"), 40000, "r", models)
-    spec["stop_at"] = 500  # the second segment of a 2000-step run
-    ours, rest = command.split_calibrl(command.build_command(spec)[3:])
-    args = command.check_openrlhf_argv(rest)
-    assert ours["max_steps"] == "500" and args.train.num_episodes * args.data.max_samples // 64 >= 2000
+    from calibrl.backends.openrlhf import command, launch
+
+    paper = filled(PAPER)
+    settings = paper_settings(paper, G.Run(model, method, 0), tmp_path)
+    stamp = json.loads(settings.read_text())
+    args = command.check_openrlhf_argv(command.build_command(stamp, settings.parent, tmp_path / "p.jsonl", 40000))
+    assert args.train.num_episodes * args.data.max_samples // 64 >= 2000
     assert args.ds.packing_samples and args.train.dynamic_batch_enable
     if model == "qwen3-14b":  # hybrid engine over both nodes, engines of TP 2 covering the 16 GPUs
         assert args.train.colocate_all and args.vllm.enable_sleep and args.ds.enable_sleep
@@ -160,8 +163,8 @@ def test_layouts_become_openrlhf_placements(model, method, tmp_path):
         assert args.algo.kl.init_coef == 0  # DAPO: no reference model
     else:
         assert args.train.colocate_all and args.vllm.num_engines == 8 and args.ds.zero_stage == 2
-    with pytest.raises(ValueError, match="stop_at"):
-        command.build_command({**spec, "stop_at": 260})
+    with pytest.raises(ValueError, match="STOP_AT 260 must be a checkpoint step"):
+        launch.main([str(settings), "260"])  # a segment ends on a checkpoint (here every 50 steps)
 
 
 def test_the_paper_dag_trains_in_segments_on_the_layouts_request(tmp_path):

@@ -4,8 +4,21 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
+from calibrl.algo.dlc import calibrated_logits
 from calibrl.models import build_model, build_tokenizer, load, save
-from calibrl.sampling import encode_prompts, position_ids_from_mask, sample, sampling_probs
+from calibrl.sampling import encode_prompts, position_ids_from_mask, sample
+
+
+@torch.no_grad()
+def sampling_probs(policy, memory, mu: float, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """DLC's next-token distribution softmax(f_theta - mu f_phi) (B, V) at the last position of left-padded inputs,
+    from full forward passes (the reference the KV-cache sampler is tested against)."""
+    positions = position_ids_from_mask(attention_mask)
+    logits = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, -1].float()
+    if memory is None or mu == 0:
+        return logits.softmax(dim=-1)
+    mem = memory(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, -1].float()
+    return calibrated_logits(logits, mem, mu).softmax(dim=-1)
 
 PROMPTS = ["3 7 12 5 -> 15", "1 2 -> 3", "10 4 6 9 2 -> 19"]  # different lengths: real left padding
 

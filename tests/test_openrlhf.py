@@ -10,6 +10,7 @@ trainer, and only when they cannot be imported.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.machinery
 import importlib.util
@@ -27,10 +28,12 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import filled, paper_settings
 
-from calibrl.advantages import iac
-from calibrl.grid import Method
-from calibrl.train.openrlhf import command, iac_patch, launch
+from calibrl import grid as G
+from calibrl.algo.advantages import iac
+from calibrl.backends.openrlhf import command, hook, launch, loss_norm, patching, steps
+from calibrl.backends.openrlhf import iac as iac_patch
 
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 needs_openrlhf = pytest.mark.skipif(
@@ -38,74 +41,23 @@ needs_openrlhf = pytest.mark.skipif(
     reason="openrlhf is not installed (pip install --no-deps openrlhf==0.11.2 peft accelerate pylatexenc)",
 )
 PKG = Path(command.__file__).parent
-
-# The paper grid (config grid.methods) and Section 4.1's training settings.
-GRID = {
-    "grpo": Method(estimator="grpo"),
-    "rloo": Method(estimator="rloo"),
-    "rpp": Method(estimator="rpp"),
-    "drgrpo": Method(estimator="drgrpo", loss_agg="seq-mean-token-sum-norm"),
-    "iac": Method(estimator="grpo", iac_alpha=1.0),
-    "iac_a0.5": Method(estimator="grpo", iac_alpha=0.5),
-    "iac_a1.5": Method(estimator="grpo", iac_alpha=1.5),
-    "iac_a2": Method(estimator="grpo", iac_alpha=2.0),
-    "filter": Method(estimator="grpo", filter_easiest=0.25),
-    "dapo": Method(estimator="grpo", dapo=True),
-    "dapo_iac": Method(estimator="grpo", dapo=True, iac_alpha=1.0),
-    "dapo_iac_dlc": Method(estimator="grpo", dapo=True, iac_alpha=1.0, dlc_mu=0.5),
-}
-TRAIN = {
-    "steps": 2000,
-    "eval_every": 50,
-    "prompts_per_step": 64,
-    "group_size": 8,
-    "lr": 1e-6,
-    "memory_lr": 1e-6,
-    "max_new_tokens": 8192,
-    "max_prompt_len": 1024,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "kl_coef": 0.001,
-    "kl_estimator": "k3",
-    "clip_low": 0.2,
-    "clip_high": 0.2,
-    "dapo_clip_high": 0.28,
-}
+PAPER = filled("paper")  # config/paper.yaml as the workflow reads it: every run's settings come from it
+RUNS = G.runs(PAPER)
 
 
-def paper_run(name: str, method: Method, tmp: Path, **train) -> dict:
-    size = 30236 if method.filter_easiest else 40315  # DeepScaleR, and it without its easiest quarter
-    return {
-        "name": f"qwen3-8b/{name}/s0",
-        "model": "Qwen/Qwen3-8B",
-        "memory_model": "Qwen/Qwen3-1.7B",
-        "method": method.to_dict(),
-        "seed": 0,
-        "train": {**TRAIN, **train},
-        "data": {
-            "train": str(tmp / "deepscaler.jsonl"),
-            "train_size": size,
-            "chat_template": True,
-            "filtered_easiest": method.filter_easiest,
-        },
-        "paths": {"ckpt_dir": str(tmp / "ckpt"), "log_dir": str(tmp / "logs"), "marker_dir": str(tmp / "markers")},
-        "resources": {
-            "actor_nodes": 1,
-            "actor_gpus_per_node": 8,
-            "ref_nodes": 1,
-            "ref_gpus_per_node": 8,
-            "vllm_engines": 8,
-            "vllm_tensor_parallel_size": 1,
-            "colocate_all": True,
-        },
-    }
+def paper_config(**train) -> dict:
+    cfg = copy.deepcopy(PAPER)
+    cfg["grid"]["train"].update(train)
+    return cfg
 
 
-def parsed(run: dict) -> tuple[dict, SimpleNamespace]:
-    argv = command.build_command(run)
-    assert argv[1:3] == ["-m", "calibrl.train.openrlhf.launch"]
-    ours, rest = command.split_calibrl(argv[3:])
-    return ours, command.check_openrlhf_argv(rest)
+def parsed(config: dict, run: G.Run, tmp: Path, rows: int | None = None) -> tuple[dict, SimpleNamespace]:
+    """(settings.json, OpenRLHF's parsed args) of ``run`` as the launcher builds and checks its command."""
+    settings = paper_settings(config, run, tmp)
+    stamp = json.loads(settings.read_text())
+    size = rows if rows is not None else (30236 if G.method(config, run.method).filters else 40315)
+    argv = command.build_command(stamp, settings.parent, tmp / "prompts.jsonl", size)
+    return stamp, command.check_openrlhf_argv(argv)
 
 
 # ------------------------------------------------------------------------------- OpenRLHF with stubs
@@ -146,15 +98,12 @@ def openrlhf_modules():
         cls = experience_maker.RemoteExperienceMaker
         original = cls.compute_advantages_and_returns
         compute_reward = experience_maker.compute_reward
-        os.environ.pop(iac_patch.ENV_MAX_STEPS, None)
-        iac_patch.apply()
-        yield SimpleNamespace(em=experience_maker, pt=ppo_trainer, original=original)
+        yield SimpleNamespace(em=experience_maker, pt=ppo_trainer, original=original, compute_reward=compute_reward)
     finally:
         if "experience_maker" in locals():
             cls.compute_advantages_and_returns = original
             experience_maker.compute_reward = compute_reward
-        for finder in [f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook)]:
-            sys.meta_path.remove(finder)
+        patching.remove_hooks()
         for n in set(sys.modules) - before:
             if n.startswith("openrlhf"):
                 del sys.modules[n]
@@ -165,9 +114,20 @@ def openrlhf_modules():
                 sys.modules[n] = m
 
 
+@contextlib.contextmanager
+def iac_at(mods, alpha: float):
+    """OpenRLHF's advantage code with IAC at ``alpha`` patched in (``calibrl.backends.openrlhf.iac``), then restored."""
+    iac_patch.patch(mods.em, alpha)
+    try:
+        yield
+    finally:
+        mods.em.RemoteExperienceMaker.compute_advantages_and_returns = mods.original
+        mods.em.compute_reward = mods.compute_reward
+
+
 def _args(estimator: str, group: int, micro: int, tmp: Path, *, use_loss=True, overlong=None) -> SimpleNamespace:
     """Real 0.11.2 args (its parser) with the experiment's estimator, group size and micro batch."""
-    _, args = parsed(paper_run("grpo", GRID["grpo"], tmp))
+    _, args = parsed(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp)
     args.algo.advantage.estimator = estimator
     args.algo.kl.use_loss = use_loss
     args.rollout.n_samples_per_prompt = group
@@ -260,8 +220,8 @@ def test_iac_patch_calibrates_openrlhfs_group_advantages(openrlhf_modules, monke
     grouped, index = _group_advantages(plain, group)
     calibrated = iac(grouped, alpha).reshape(-1)
 
-    monkeypatch.setenv("CALIBRL_IAC_ALPHA", str(alpha))
-    patched = maker.compute_advantages_and_returns(exps)
+    with iac_at(mods, alpha):
+        patched = maker.compute_advantages_and_returns(exps)
     for e, p in zip(exps, plain):  # the overlong penalty is applied once, as without the patch
         assert torch.equal(e.rewards, p.rewards) and torch.equal(e.info["reward"], p.info["reward"])
     expected = [_upto_eos(e) * calibrated[torch.tensor(e.index)][:, None] for e in patched]
@@ -291,19 +251,21 @@ def test_iac_patch_calibrates_openrlhfs_group_advantages(openrlhf_modules, monke
 
 @needs_openrlhf
 @pytest.mark.parametrize("estimator", ["group_norm", "rloo", "dr_grpo", "reinforce_baseline"])
-def test_iac_alpha_zero_is_bit_identical(openrlhf_modules, monkeypatch, tmp_path, estimator):
+def test_iac_alpha_zero_is_bit_identical(openrlhf_modules, tmp_path, estimator):
+    """A method without IAC gets no IAC patch (``hook.patches``): OpenRLHF's own method runs, bit for bit."""
     mods = openrlhf_modules
     args = _args(estimator, REWARDS.shape[1], micro=3, tmp=tmp_path)
     maker, exps = _experiences(mods, args, REWARDS, kl_coef=0.0, seed=3)
     plain = mods.original(maker, copy.deepcopy(exps))
-    for value in ("0", "0.0", ""):
-        monkeypatch.setenv("CALIBRL_IAC_ALPHA", value)
-        out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
-        for a, b in zip(out, plain):
-            assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
-    monkeypatch.delenv("CALIBRL_IAC_ALPHA")
+    for name in ("grpo", "rloo", "rpp", "drgrpo", "dapo"):
+        settings = paper_settings(PAPER, G.Run("qwen3-8b", name, 0), tmp_path / name)
+        assert not any(p.name.startswith("IAC") for p in hook.patches(settings)), name
+    assert mods.em.RemoteExperienceMaker.compute_advantages_and_returns is mods.original
     out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
-    assert all(torch.equal(a.advantages, b.advantages) for a, b in zip(out, plain))
+    for a, b in zip(out, plain):
+        assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        iac_patch.install(0.0)
 
 
 @needs_openrlhf
@@ -318,32 +280,31 @@ def test_iac_with_kl_in_the_reward(openrlhf_modules, monkeypatch, tmp_path):
     no_kl_maker.kl_ctl = SimpleNamespace(value=0.0)
     grouped, _ = _group_advantages(mods.original(no_kl_maker, copy.deepcopy(exps)), group)
     delta = (iac(grouped, alpha) - grouped).reshape(-1)
-    monkeypatch.setenv("CALIBRL_IAC_ALPHA", str(alpha))
-    patched = maker.compute_advantages_and_returns(exps)
+    with iac_at(mods, alpha):
+        patched = maker.compute_advantages_and_returns(exps)
     for e, w in zip(patched, with_kl):
         expected = w.returns + _upto_eos(e) * delta[torch.tensor(e.index)][:, None]
         assert torch.allclose(e.returns, expected, atol=1e-5)
 
 
 @needs_openrlhf
-def test_iac_patch_is_idempotent_and_refuses_what_it_cannot_calibrate(openrlhf_modules, monkeypatch, tmp_path):
+def test_iac_patch_is_idempotent_and_refuses_what_it_cannot_calibrate(openrlhf_modules, tmp_path):
     mods = openrlhf_modules
     cls = mods.em.RemoteExperienceMaker
-    first = cls.compute_advantages_and_returns
-    iac_patch.apply()
-    iac_patch.patch(mods.em)
-    assert cls.compute_advantages_and_returns is first
-    assert first.__wrapped__ is mods.original and not getattr(mods.original, iac_patch.MARK, False)
-    assert not getattr(mods.em.compute_reward.__wrapped__, iac_patch.MARK, False)  # the router wraps once
-    monkeypatch.setenv("CALIBRL_IAC_ALPHA", "1")
-    for estimator in ("reinforce", "gae"):
-        maker, exps = _experiences(mods, _args(estimator, 4, 4, tmp_path), REWARDS, 0.0, seed=1)
-        with pytest.raises(ValueError, match="group estimator"):
-            maker.compute_advantages_and_returns(exps)
-    for bad in ("-1", "nan", "x"):
-        monkeypatch.setenv("CALIBRL_IAC_ALPHA", bad)
-        with pytest.raises(ValueError, match="CALIBRL_IAC_ALPHA"):
-            iac_patch.iac_alpha()
+    with iac_at(mods, 1.0):
+        first = cls.compute_advantages_and_returns
+        iac_patch.install(1.0)  # the module is imported: patched now, and not twice
+        iac_patch.patch(mods.em, 1.0)
+        assert cls.compute_advantages_and_returns is first
+        assert first.__wrapped__ is mods.original and "iac" not in getattr(mods.original, patching.MARK, ())
+        assert "iac" not in getattr(mods.em.compute_reward.__wrapped__, patching.MARK, ())  # the router wraps once
+        for estimator in ("reinforce", "gae"):
+            maker, exps = _experiences(mods, _args(estimator, 4, 4, tmp_path), REWARDS, 0.0, seed=1)
+            with pytest.raises(ValueError, match="group estimator"):
+                maker.compute_advantages_and_returns(exps)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="alpha must be > 0"):
+            iac_patch.install(bad)
 
 
 def test_iac_patch_fails_loudly_when_openrlhf_changes_shape():
@@ -365,14 +326,15 @@ def test_iac_patch_fails_loudly_when_openrlhf_changes_shape():
         return experiences
 
     with pytest.raises(RuntimeError, match="signature"):
-        iac_patch.patch(module_with(renamed_argument))
+        iac_patch.patch(module_with(renamed_argument), 1.0)
     with pytest.raises(RuntimeError, match="compute_reward"):
-        iac_patch.patch(module_with(no_compute_reward))
-    with pytest.raises(RuntimeError, match="is gone"):
-        iac_patch.patch(types.ModuleType("empty"))
+        iac_patch.patch(module_with(no_compute_reward), 1.0)
+    gone = "RemoteExperienceMaker.compute_advantages_and_returns is gone"
+    with pytest.raises(patching.PatchTargetMissing, match=gone):
+        iac_patch.patch(types.ModuleType("empty"), 1.0)
     ok = module_with(fine)
-    iac_patch.patch(ok)
-    assert getattr(ok.RemoteExperienceMaker.compute_advantages_and_returns, iac_patch.MARK)
+    iac_patch.patch(ok, 1.0)
+    assert "iac" in getattr(ok.RemoteExperienceMaker.compute_advantages_and_returns, patching.MARK)
 
 
 def test_when_imported_patches_at_import_time_once(tmp_path, monkeypatch):
@@ -384,18 +346,17 @@ def test_when_imported_patches_at_import_time_once(tmp_path, monkeypatch):
         calls.append(module.VALUE)
 
     try:
-        iac_patch.when_imported("calibrl_hook_probe", callback)
-        iac_patch.when_imported("calibrl_hook_probe", callback)
+        patching.when_imported("calibrl_hook_probe", callback)
+        patching.when_imported("calibrl_hook_probe", callback)
         assert calls == []
         import calibrl_hook_probe
 
         assert calls == [1] and calibrl_hook_probe.__loader__.__class__.__name__ == "SourceFileLoader"
-        iac_patch.when_imported("calibrl_hook_probe", lambda m: calls.append("now"))
+        patching.when_imported("calibrl_hook_probe", lambda m: calls.append("now"))
         assert calls == [1, "now"]
     finally:
         sys.modules.pop("calibrl_hook_probe", None)
-        for finder in [f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook)]:
-            finder.callbacks.pop("calibrl_hook_probe", None)
+        patching.remove_hooks()
 
 
 # --------------------------------------------------------------------------------- step limit (real)
@@ -413,12 +374,12 @@ def test_step_limit_on_openrlhfs_trainer_and_generator(openrlhf_modules, monkeyp
         for c, n in ((base, "train_step"), (base, "init_checkpoint_states"), (gen_cls, "generate_samples"))
     }
     resume = {"global_step": 0}
-    monkeypatch.setenv("CALIBRL_MAX_STEPS", "5")
     try:
         base.train_step = lambda self, samples, step: ({"n": len(samples)}, step + 1)
         base.init_checkpoint_states = lambda self: dict(resume)
-        launch.limit_steps(pt)
-        launch.limit_steps(pt)  # once only
+        steps.write_segment(tmp_path, 5)  # what the launcher records: this job stops at step 5
+        steps.install(tmp_path)  # both modules are imported: patched now
+        steps.install(tmp_path)  # once only
         assert base.train_step.__wrapped__.__name__ == "<lambda>"
 
         def run(prompts: int) -> list[int]:
@@ -456,24 +417,71 @@ def test_step_limit_on_openrlhfs_trainer_and_generator(openrlhf_modules, monkeyp
     finally:
         for (c, n), f in saved.items():
             setattr(c, n, f)
+        patching.remove_hooks()
+
+
+@needs_openrlhf
+def test_every_patch_target_is_in_the_installed_openrlhf_and_a_missing_one_is_named():
+    """Each patch names the 0.11.2 symbols it wraps; the launcher checks them (``hook.check``) before Ray starts."""
+    from calibrl.backends.openrlhf import dlc
+
+    for module in (iac_patch, steps, loss_norm, dlc):
+        for target in module.TARGETS:
+            target.check()
+    missing = patching.Target("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.no_such_method")
+    with pytest.raises(patching.PatchTargetMissing, match="BasePPOTrainer.no_such_method is not defined") as err:
+        missing.check()
+    assert "openrlhf==0.11.2" in str(err.value) and "installed OpenRLHF is 0.11.2" in str(err.value)
+    with pytest.raises(patching.PatchTargetMissing, match="module missing"):
+        patching.Target("openrlhf.no_such_module", "x").check()
+    with pytest.raises(patching.PatchTargetMissing, match="no longer calls"):
+        patching.Target(dlc.ENGINE, "RolloutRayActor.__init__", uses="vllm.LLM(").check()
+
+
+def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp_path):
+    """One variable reaches the Ray workers, the path of the run's settings.json; the compiled method in it decides
+    the patches, and IAC's alpha goes from the config to the patch through settings.json alone."""
+    expected = {
+        "grpo": [], "rloo": [], "rpp": [], "filter": [], "dapo": [],
+        "iac": ["IAC (alpha 1)"], "iac_a0.5": ["IAC (alpha 0.5)"], "iac_a1.5": ["IAC (alpha 1.5)"],
+        "iac_a2": ["IAC (alpha 2)"], "drgrpo": ["Dr. GRPO's normaliser"], "dapo_iac": ["IAC (alpha 1)"],
+        "dapo_iac_dlc": ["IAC (alpha 1)", "DLC (mu 0.5)"],
+    }  # fmt: skip
+    for run in RUNS:
+        got = [p.name for p in hook.patches(paper_settings(PAPER, run, tmp_path / run.path))]
+        assert got == ["step limit", *expected[run.method]], run
+    cfg = copy.deepcopy(PAPER)
+    cfg["grid"]["methods"]["iac"]["iac_alpha"] = 0.75
+    settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path / "x")
+    (iac_install,) = [p.install for p in hook.patches(settings) if p.name.startswith("IAC")]
+    assert iac_install.func is iac_patch.install and iac_install.args == (0.75,)
+    dlc_patch = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path))][-1]
+    assert dlc_patch.install.args == (str(tmp_path / "memory"), 0.5, 1e-6)  # the memory's folder, mu, its lr
+    env = launch.runtime_env(settings)
+    assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
+    assert env["env_vars"][hook.ENV] == str(settings.resolve())
+    assert not [k for k in env["env_vars"] if k.startswith("CALIBRL_") and k != hook.ENV]
 
 
 # ----------------------------------------------------------------------------- (b) command lines
 @needs_openrlhf
-@pytest.mark.parametrize("name", list(GRID))
-def test_every_grid_method_parses_with_openrlhfs_parser(name, tmp_path):
-    method = GRID[name]
-    ours, args = parsed(paper_run(name, method, tmp_path))
+@pytest.mark.parametrize("run", RUNS, ids=[r.path for r in RUNS])
+def test_every_paper_run_parses_with_openrlhfs_parser(run, tmp_path):
+    """The command of every run of config/paper.yaml, built from its settings.json, passes OpenRLHF 0.11.2's own
+    parser and assertions, with the compiled method's switches as OpenRLHF's flags."""
+    method = G.method(PAPER, run.method)
+    stamp, args = parsed(PAPER, run, tmp_path)
     estimators = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
     assert args.algo.advantage.estimator == estimators[method.estimator]
-    assert float(ours["iac_alpha"]) == method.iac_alpha and float(ours["dlc_mu"]) == method.dlc_mu
-    assert ours.get("dlc_memory") == ("Qwen/Qwen3-1.7B" if method.dlc_mu else None)
+    assert stamp["settings"]["method"] == method.to_dict()  # IAC's alpha, DLC's mu: read by the setup hook
+    assert args.actor.model_name_or_path == stamp["paths"]["init"]  # the downloaded folder, never a Hub id
     # batch: 64 prompts x 8 samples, one optimizer step on all 512 per rollout step, lr 1e-6
     assert (args.rollout.batch_size, args.rollout.n_samples_per_prompt) == (64, 8)
     assert args.train.batch_size == 512 and args.train.max_epochs == 1
     assert args.actor.adam.lr == 1e-6 and args.actor.lr_scheduler == "constant"
+    assert args.actor.adam.weight_decay == 0.01 and args.actor.adam.betas == [0.9, 0.999]
     # exactly 2000 steps: full episodes of max_samples / 64 steps, and the launcher's limit
-    assert ours["max_steps"] == "2000" and args.data.max_samples % 64 == 0
+    assert args.data.max_samples % 64 == 0
     per_episode = args.data.max_samples // 64
     # OpenRLHF's own count (ppo_trainer.py L72-78), with len(dataset) = max_samples
     openrlhf_steps = args.data.max_samples * 8 // 512 * args.train.num_episodes * args.train.max_epochs
@@ -484,43 +492,40 @@ def test_every_grid_method_parses_with_openrlhfs_parser(name, tmp_path):
     assert args.data.max_samples <= (30236 if method.filter_easiest else 40315)
     # checkpoints: HF every 50 steps, resumable
     assert args.ckpt.save_steps == 50 and args.ckpt.save_hf and args.ckpt.load_enable
-    assert ours["eval_every"] == "50" and args.ckpt.path.endswith("ckpt")
+    assert args.ckpt.path.endswith("ckpt/openrlhf")
     assert args.reward.remote_url == [str(PKG / "reward.py")] and args.data.label_key == "answer"
     assert args.reward.clip_range[1] >= 1e5  # IAC's advantages are not cut at OpenRLHF's default 10
     if method.dapo:
         assert args.actor.eps_clip_low_high == [0.2, 0.28] and args.actor.dual_clip == 10.0
         assert args.algo.kl.init_coef == 0 and not args.algo.kl.use_loss
         assert args.algo.dynamic_filtering_enable and args.algo.dynamic_filtering_range == [0.0, 1.0]
-        assert args.reward.overlong_buffer_len == round(0.2 * 8192) and args.reward.overlong_penalty_factor == 1.0
+        assert args.reward.overlong_buffer_len == 4096 and args.reward.overlong_penalty_factor == 1.0
         assert args.actor.loss_agg_mode == "token-mean"
     else:
         assert args.actor.eps_clip_low_high == [0.2, 0.2] and args.actor.dual_clip == 3.0
         assert args.algo.kl.use_loss and args.algo.kl.init_coef == 0.001 and args.algo.kl.estimator == "k3"
         assert not args.algo.dynamic_filtering_enable and args.reward.overlong_buffer_len is None
-        assert args.actor.loss_agg_mode == ("token-mean" if name == "drgrpo" else "seq-mean-token-mean")
+        assert args.actor.loss_agg_mode == "token-mean"  # Dr. GRPO's constant: token-mean, then loss_norm
 
 
 @needs_openrlhf
-def test_command_arithmetic_templates_and_errors(tmp_path):
-    run = paper_run("grpo", GRID["grpo"], tmp_path)
-    data = tmp_path / "small.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(250)))
-    run["data"] = {"train": str(data), "prompt_template": "Solve: {problem}\nPut the answer in \\boxed{{}}."}
-    run["train"] = {**TRAIN, "steps": 20, "eval_every": 10, "prompts_per_step": 16}
-    ours, args = parsed(run)
-    assert (args.data.max_samples, args.train.num_episodes) == (160, 2)  # 250 rows: 1 x 320 too many, 2 x 160
-    assert args.data.input_template.format("2+2") == "Solve: 2+2\nPut the answer in \\boxed{}."
-    assert not args.data.apply_chat_template
-    with pytest.raises(ValueError, match="filter"):
-        command.build_command({**paper_run("filter", GRID["filter"], tmp_path), "data": run["data"]})
-    with pytest.raises(ValueError, match="memory"):
-        command.build_command({**paper_run("x", GRID["dapo_iac_dlc"], tmp_path), "memory_model": None})
+def test_command_arithmetic_and_errors(tmp_path):
+    # 250 rows, 20 steps of 16 prompts: 1 x 320 too many, 2 x 160
+    assert command.episodes_and_samples(20, 16, 250, dapo=False) == (2, 160)
+    assert command.episodes_and_samples(20, 16, 250, dapo=True) == (2 * command.DAPO_EPISODE_FACTOR, 160)
+    with pytest.raises(ValueError, match="fewer than one step's 64"):
+        command.episodes_and_samples(2000, 64, 63, dapo=False)
+    cfg = paper_config(steps=20, eval_every=10, prompts_per_step=16)
+    _, args = parsed(cfg, G.Run("qwen3-8b", "grpo", 0), tmp_path, rows=250)
+    assert (args.data.max_samples, args.train.num_episodes) == (160, 2)
+    assert not args.data.apply_chat_template and args.data.input_key == "prompt"  # rendered already (data.py)
     with pytest.raises(ValueError, match="rejects"):
         command.check_openrlhf_argv(["--algo.advantage.estimator", "nope"])
-    with pytest.raises(ValueError, match="unknown launcher flag"):
-        command.split_calibrl(["--calibrl.alpha", "1"])
-    split = command.split_calibrl(["--a", "1", "--calibrl.iac_alpha=2", "--b"])
-    assert split == ({"iac_alpha": "2"}, ["--a", "1", "--b"])
+    raw = copy.deepcopy(PAPER)
+    raw["grid"]["methods"]["grpo"]["estimator"] = "mean"  # registered, but OpenRLHF has no such estimator
+    settings = paper_settings(raw, G.Run("qwen3-8b", "grpo", 0), tmp_path / "m")
+    with pytest.raises(ValueError, match="has no OpenRLHF estimator"):
+        command.build_command(json.loads(settings.read_text()), tmp_path, tmp_path / "p.jsonl", 40000)
 
 
 # --------------------------------------------------------------------------------------- (c) reward
@@ -613,8 +618,11 @@ def test_write_markers(tmp_path):
 # ------------------------------------------------------------------------------------------ launcher
 @needs_openrlhf
 def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monkeypatch):
-    run = paper_run("iac", GRID["iac"], tmp_path, steps=100, eval_every=50)
-    argv = command.build_command(run)[3:]
+    cfg = paper_config(steps=100, eval_every=50)
+    settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path)
+    run_dir = settings.parent
+    (run_dir / launch.PROMPTS).write_text("".join(json.dumps({"prompt": f"{i}+1", "answer": "1"}) + "\n"
+                                                  for i in range(6400)))  # fmt: skip
     calls = {}
     fake_ray = types.ModuleType("ray")
     fake_ray.init = lambda **kw: calls.setdefault("init", kw)
@@ -623,36 +631,35 @@ def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monke
     def fake_run_module(name, run_name, alter_sys):
         calls["run"] = (name, run_name, list(sys.argv))
         for step in (50, 100):
-            _hf_checkpoint(tmp_path / "ckpt" / f"global_step{step}_hf")
+            _hf_checkpoint(run_dir / "ckpt" / "openrlhf" / f"global_step{step}_hf")
 
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     monkeypatch.setattr(launch.runpy, "run_module", fake_run_module)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert launch.main(argv) == 0
+    assert launch.main([str(settings), "100"]) == 0
     env = calls["init"]["runtime_env"]
     assert calls["init"]["address"] == "10.0.0.1:6379"
-    assert env["worker_process_setup_hook"] == "calibrl.train.openrlhf.iac_patch.apply"
-    assert env["env_vars"]["CALIBRL_IAC_ALPHA"] == "1.0" and env["env_vars"]["CALIBRL_MAX_STEPS"] == "100"
-    assert str(Path(iac_patch.__file__).parents[3]) in env["env_vars"]["PYTHONPATH"].split(os.pathsep)
+    assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
+    assert env["env_vars"]["CALIBRL_SETTINGS"] == str(settings.resolve())  # the one variable
+    assert str(Path(launch.__file__).parents[3]) in env["env_vars"]["PYTHONPATH"].split(os.pathsep)
+    assert json.loads((run_dir / steps.SEGMENT).read_text()) == {"stop_at": 100}  # for the step limit
     name, run_name, args = calls["run"]
     assert (name, run_name) == ("openrlhf.cli.train_ppo_ray", "__main__")
-    assert not any(a.startswith("--calibrl.") for a in args) and "--ckpt.load_enable" in args
-    assert sorted(p.name for p in (tmp_path / "markers").iterdir()) == ["step_100.done", "step_50.done"]
+    assert not any(a.startswith("--calibrl") for a in args) and "--ckpt.load_enable" in args
+    assert sorted(p.name for p in (run_dir / "ckpt").glob("*.done")) == ["step_100.done", "step_50.done"]
     calls.clear()
-    assert launch.main(argv) == 0 and "init" not in calls  # already done: a rerun trains nothing
+    assert launch.main([str(settings), "100"]) == 0 and "init" not in calls  # already done: a rerun trains nothing
+    assert launch.main([str(settings), "50"]) == 0 and "init" not in calls  # a segment that is done
+    with pytest.raises(ValueError, match="STOP_AT 75"):
+        launch.main([str(settings), "75"])
 
-    # DLC: accepted; its settings reach every worker, where the setup hook installs openrlhf_dlc
-    (tmp_path / "dlc").mkdir()
-    dlc = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path / "dlc", steps=100, eval_every=50))
+    # DLC: the same one variable; the setup hook reads the memory's folder, mu and lr from settings.json
+    dlc = paper_settings(cfg, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path / "dlc")
+    (dlc.parent / launch.PROMPTS).write_text((run_dir / launch.PROMPTS).read_text())
     calls.clear()
     monkeypatch.setattr(launch.runpy, "run_module", lambda *a, **k: None)
-    assert launch.main(dlc[3:]) == 1  # the fake run saved no checkpoints
-    dlc_env = calls["init"]["runtime_env"]["env_vars"]
-    assert dlc_env["CALIBRL_DLC_MU"] == "0.5" and dlc_env["CALIBRL_DLC_MEMORY"] == "Qwen/Qwen3-1.7B"
-    assert float(dlc_env["CALIBRL_DLC_MEMORY_LR"]) == TRAIN["memory_lr"]
-    at = dlc.index("--calibrl.dlc_memory_lr")
-    with pytest.raises(ValueError, match="dlc_memory_lr"):
-        launch.main(dlc[3:at] + dlc[at + 2 :])
+    assert launch.main([str(dlc), "100"]) == 1  # the fake run saved no checkpoints
+    assert [k for k in calls["init"]["runtime_env"]["env_vars"] if k.startswith("CALIBRL")] == ["CALIBRL_SETTINGS"]
 
 
 # ------------------------------------------------------------------------------------- ray_cluster.sh
@@ -710,67 +717,20 @@ def test_ray_cluster_script_with_fake_slurm(tmp_path):
     assert few.returncode == 1 and "1 CPU(s) per node for 2 GPU(s)" in few.stderr and "cpus_per_task" in few.stderr
 
 
-# -------------------------------------------------------------------------------------- DLC (HF path)
-def test_dlc_logits_processor_matches_the_calibrated_distribution():
-    from calibrl.models import build_model, build_tokenizer
-    from calibrl.sampling import encode_prompts, sampling_probs
-    from calibrl.train.openrlhf import dlc
-
-    tok = build_tokenizer()
-    policy, memory = (
-        build_model(tok, seed=1),
-        build_model(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, seed=2),
-    )
-    ids, mask = encode_prompts(tok, ["12+3=", "7*8-1="])
-    proc = dlc.DLCLogitsProcessor(memory, 0.5, mask)
-    for step in range(3):  # the prompt, then one appended token at a time (cache, mask, positions)
-        full_mask = torch.cat([mask, torch.ones(2, step, dtype=torch.bool)], dim=1)
-        pos = dlc.positions(full_mask)
-        scores = policy(input_ids=ids, attention_mask=full_mask, position_ids=pos).logits[:, -1].float()
-        got = proc(ids, scores).softmax(-1)
-        assert torch.allclose(got, sampling_probs(policy, memory, 0.5, ids, full_mask), atol=1e-5)
-        ids = torch.cat([ids, torch.tensor([[5], [9]])], dim=1)
-    with pytest.raises(ValueError, match="one generate call"):
-        proc(ids[:, :2], scores)
-
-    torch.manual_seed(0)
-    seqs = dlc.generate(
-        policy,
-        memory,
-        0.5,
-        *encode_prompts(tok, ["1+1="]),
-        num_samples=3,
-        max_new_tokens=4,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    prompt_len = encode_prompts(tok, ["1+1="])[0].shape[1]
-    assert seqs.shape[0] == 3 and prompt_len < seqs.shape[1] <= prompt_len + 4
-    generated = dlc.response_mask(seqs, prompt_len, tok.eos_token_id)
-    attention = torch.cat(
-        [encode_prompts(tok, ["1+1="])[1].repeat(3, 1), torch.ones(3, seqs.shape[1] - prompt_len, dtype=torch.bool)],
-        dim=1,
-    )
-    memory.train()
-    opt = torch.optim.AdamW(memory.parameters(), lr=1e-2)
-    losses = [dlc.memory_step(memory, opt, seqs, attention, generated) for _ in range(5)]
-    assert losses[-1] < losses[0]  # m_phi learns what was sampled
-
-
 def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monkeypatch, tmp_path):
-    """loss_agg seq-mean-token-sum-norm: the command passes the generation budget, the setup hook patches
-    OpenRLHF 0.11.2's real aggregate_loss, and PolicyLoss then returns token sums / (B x L), the value
-    calibrl.train.local.aggregate gives on the same per-token losses; KL and entropy keep token-mean."""
-    from calibrl.train.local import aggregate
-    from calibrl.train.openrlhf import loss_norm
-
-    ours, args = parsed(paper_run("drgrpo", GRID["drgrpo"], tmp_path))
-    assert args.actor.loss_agg_mode == "token-mean" and ours["loss_norm_len"] == str(TRAIN["max_new_tokens"])
-    assert "loss_norm_len" not in parsed(paper_run("grpo", GRID["grpo"], tmp_path))[0]
-    env = launch.runtime_env(0.0, 10, None, int(ours["loss_norm_len"]))["env_vars"]
-    assert env[loss_norm.ENV] == ours["loss_norm_len"]
-
+    """loss_agg seq-mean-token-sum-norm: the setup hook patches OpenRLHF 0.11.2's real aggregate_loss with the
+    generation budget, and PolicyLoss then returns token sums / (B x L), the value calibrl.algo.losses gives on the
+    same per-token losses; the KL loss and the logged entropy (openrlhf.models' re-export) keep token-mean."""
+    import openrlhf.models as models
     import openrlhf.models.loss as L
+
+    from calibrl.algo.losses import aggregate
+
+    names = {r.method: [p.name for p in hook.patches(paper_settings(PAPER, r, tmp_path / r.path))] for r in RUNS}
+    assert "Dr. GRPO's normaliser" in names["drgrpo"] and "Dr. GRPO's normaliser" not in names["grpo"]
+    patches = hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "drgrpo", 0), tmp_path))
+    drgrpo = [p for p in patches if "Dr" in p.name]
+    assert drgrpo[0].install.args == (8192,)  # grid.train.max_new_tokens, read from settings.json
 
     original = L.aggregate_loss
     monkeypatch.setattr(L, "aggregate_loss", original)  # undone after the test
@@ -786,10 +746,12 @@ def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monke
     monkeypatch.setattr(L, "aggregate_loss", lambda loss, m, **kw: per_token.setdefault("x", loss).sum())
     loss_fn(logp, old, adv, action_mask=mask, **totals)
     monkeypatch.setattr(L, "aggregate_loss", original)
-    monkeypatch.setenv(loss_norm.ENV, str(budget))
-    iac_patch.apply()  # the setup hook: openrlhf.models.loss is imported, so it is patched now
+    loss_norm.install(budget)  # the setup hook: openrlhf.models is imported, so it is patched now
     normed = loss_fn(logp, old, adv, action_mask=mask, **totals)[0]
     assert torch.allclose(normed, token_mean * mask.sum() / (B * budget), atol=1e-6)
     assert torch.allclose(normed, aggregate(per_token["x"], mask, "seq-mean-token-sum-norm", budget), atol=1e-6)
-    iac_patch.apply()  # idempotent: wrapped once
+    assert models.aggregate_loss is original  # what ppo_actor's KL loss and entropy use: token-mean
+    loss_norm.install(budget)  # idempotent: wrapped once
     assert torch.allclose(loss_fn(logp, old, adv, action_mask=mask, **totals)[0], normed)
+    assert L.aggregate_loss.__wrapped__ is original
+    patching.remove_hooks()

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from conftest import REPO, fake_run_results, load_config
 
+from calibrl.backends.openrlhf.metrics import tensorboard_metrics
 from calibrl.report.jobs import aggregate_job
-from calibrl.train.openrlhf.job import tensorboard_metrics
 
 pytest.importorskip("tensorboard")
 logging_utils = pytest.importorskip("openrlhf.utils.logging_utils")

@@ -12,18 +12,19 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import filled, paper_settings
 
-from calibrl import filtering
 from calibrl import grid as G
-from calibrl.evaluate_vllm import collect_grades, engine_kwargs, queue, request_seed, summarise
+from calibrl.algo import filtering
+from calibrl.backends.openrlhf import data
+from calibrl.evaluate.vllm import collect_grades, engine_kwargs, queue, request_seed, summarise
 from calibrl.grading import Grade
+from calibrl.spec import EvalSettings
 from calibrl.tasks import Scorer, render_prompts
-from calibrl.train.openrlhf import job
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "benchmarks"
-PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+PAPER = filled("paper")
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 CHATML = (  # Qwen3's shape: an empty think block when thinking is switched off
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -61,44 +62,41 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 # ------------------------------------------------------------------------- OpenRLHF runs of the paper
+def _stamp(tmp_path: Path, method: str, success: dict | None = None, **settings) -> dict:
+    """The settings.json of the 8B run of ``method``, with a made-up training file and success rates."""
+    config = copy.deepcopy(PAPER)
+    path = paper_settings(config, G.Run(config["grid"]["main_model"], method, 0), tmp_path)
+    stamp = json.loads(path.read_text())
+    stamp["paths"]["train"] = str(_write(tmp_path / "train.jsonl", _train_rows(len(success or {}) or 200)))
+    if success is not None:
+        (tmp_path / "success.json").write_text(json.dumps({"rates": success}))
+        stamp["paths"]["success"] = str(tmp_path / "success.json")
+    stamp["settings"].update(settings)
+    return stamp
+
+
 @pytest.mark.skipif(not HAVE_OPENRLHF, reason="openrlhf is not installed (pip install --no-deps openrlhf==0.11.2)")
 @pytest.mark.parametrize("method", list(PAPER["grid"]["methods"]))
 def test_paper_runs_reach_openrlhfs_parser_with_rendered_prompts(method, tmp_path):
-    from calibrl.train.openrlhf import command
+    from calibrl.backends.openrlhf import command
 
-    grid = copy.deepcopy(PAPER["grid"])
-    train = _write(tmp_path / "train.jsonl", _train_rows())
     rates = {f"q{i}": (i % 9) / 8 for i in range(200)}
-    (tmp_path / "success.json").write_text(json.dumps({"rates": rates}))
-    data = tmp_path / "run" / "train_prompts.jsonl"
-    model = grid["main_model"]
-    settings = G.train_params({"grid": grid}, G.Run(model, method, 0))
-    rows = job.prepare_data(settings, str(train), data, str(tmp_path / "success.json"), _chat_tokenizer())
-    m = G.method({"grid": grid}, method)
-    assert rows == (150 if m.filter_easiest else 200)
-    prepared = [json.loads(line) for line in data.read_text().splitlines()]
+    stamp = _stamp(tmp_path, method, rates)
+    prompts = tmp_path / "run" / "train_prompts.jsonl"
+    rows = data.prepare(stamp, prompts, _chat_tokenizer())
+    m = G.method(PAPER, method)
+    assert rows == (150 if m.filters else 200)
+    prepared = [json.loads(line) for line in prompts.read_text().splitlines()]
     # rendered here, chat template and thinking switch included, exactly as evaluation renders it
-    assert prepared[0]["prompt"] == queue({"x": prepared[:1]}, grid["prompt_template"], _chat_tokenizer())[0].prompt
+    template = PAPER["grid"]["prompt_template"]
+    assert prepared[0]["prompt"] == queue({"x": prepared[:1]}, template, _chat_tokenizer())[0].prompt
     assert prepared[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    models = {"policy": str(tmp_path / "hub" / "policy"), "memory": str(tmp_path / "hub" / "memory")}
-    run = job.openrlhf_run(
-        settings,
-        G.layout_params({"grid": grid}, G.Run(model, method, 0)),
-        str(data),
-        rows,
-        str(tmp_path / "run"),
-        models,
-    )
-    assert run["model"] == models["policy"] and run["memory_model"] == (models["memory"] if m.dlc_mu else None)
-    with pytest.raises(ValueError, match="download_model"):
-        job.openrlhf_run(settings, {}, str(data), rows, str(tmp_path / "run"), {})
-    ours, rest = command.split_calibrl(command.build_command(run)[3:])
-    args = command.check_openrlhf_argv(rest)
-    # OpenRLHF takes the rendered field as it is: no second template
+    args = command.check_openrlhf_argv(command.build_command(stamp, tmp_path / "run", prompts, rows))
+    # OpenRLHF takes the rendered field as it is: no second template; the downloaded folder, never a Hub id
     assert args.data.input_key == "prompt" and not args.data.apply_chat_template and not args.data.input_template
-    assert args.data.prompt_dataset == [str(data)] or args.data.prompt_dataset == str(data)
-    assert float(ours["iac_alpha"]) == m.iac_alpha and float(ours["dlc_mu"]) == m.dlc_mu
-    assert ours["max_steps"] == str(grid["train"]["steps"]) and args.data.max_samples <= rows
+    assert args.data.prompt_dataset == [str(prompts)] or args.data.prompt_dataset == str(prompts)
+    assert args.actor.model_name_or_path == stamp["paths"]["init"] and args.data.max_samples <= rows
+    assert stamp["settings"]["method"]["iac_alpha"] == m.iac_alpha  # the setup hook's, from settings.json
 
 
 def test_filtering_drops_the_easiest_share_by_success_rate(tmp_path):
@@ -109,29 +107,21 @@ def test_filtering_drops_the_easiest_share_by_success_rate(tmp_path):
     assert filtering.summary(rates, keep)["filter_dropped"] == 2
     with pytest.raises(ValueError, match="filter_easiest"):
         filtering.keep_indices(rates, 1.0)
-    grid = copy.deepcopy(PAPER["grid"])
-    train = _write(tmp_path / "train.jsonl", _train_rows(8))
-    (tmp_path / "s.json").write_text(json.dumps({"rates": {f"q{i}": r for i, r in enumerate(rates)}}))
-    settings = G.train_params({"grid": grid}, G.Run(grid["main_model"], "filter", 0))
-    settings["chat_template"] = False
-    n = job.prepare_data(settings, str(train), tmp_path / "out.jsonl", str(tmp_path / "s.json"))
+    stamp = _stamp(tmp_path, "filter", {f"q{i}": r for i, r in enumerate(rates)}, chat_template=False)
+    n = data.prepare(stamp, tmp_path / "out.jsonl")
     kept = [json.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert n == 6 and sorted(kept) == sorted(f"q{i}" for i in keep)
-    (tmp_path / "s.json").write_text(json.dumps({"rates": {"q0": 1.0}}))
+    (tmp_path / "success.json").write_text(json.dumps({"rates": {"q0": 1.0}}))
     with pytest.raises(ValueError, match="no success rate for 7 training ids"):
-        job.prepare_data(settings, str(train), tmp_path / "o.jsonl", str(tmp_path / "s.json"))
-    with pytest.raises(ValueError, match="no success rates"):
-        job.prepare_data(settings, str(train), tmp_path / "o.jsonl")
+        data.prepare(stamp, tmp_path / "o.jsonl")
 
 
 def test_training_prompts_are_shuffled_with_the_data_seed(tmp_path):
     """OpenRLHF's --data.max_samples takes a prefix of the prompt file: the order is the data seed's."""
-    grid = copy.deepcopy(PAPER["grid"])
-    train = _write(tmp_path / "train.jsonl", _train_rows(50))
-    settings = {**G.train_params({"grid": grid}, G.Run(grid["main_model"], "grpo", 0)), "chat_template": False}
+    stamp = _stamp(tmp_path, "grpo", {f"q{i}": 0.5 for i in range(50)}, chat_template=False)
 
     def order(data_seed: int, name: str) -> list[str]:
-        job.prepare_data({**settings, "data_seed": data_seed}, str(train), tmp_path / name)
+        data.prepare({**stamp, "settings": {**stamp["settings"], "data_seed": data_seed}}, tmp_path / name)
         return [json.loads(line)["id"] for line in (tmp_path / name).read_text().splitlines()]
 
     first = order(0, "a.jsonl")
@@ -179,7 +169,7 @@ def test_prompts_go_through_the_chat_template():
 def test_engine_and_request_settings_of_the_paper_grid():
     """What the vLLM evaluator hands the engine at paper scale (the real engine runs in tests/test_vllm_eval.py
     on CPU, where it needs float32 and eager mode: grid.eval.dtype / enforce_eager)."""
-    settings = G.EvalSettings.from_params(G.eval_params({"grid": PAPER["grid"]})["settings"])
+    settings = EvalSettings.from_params(G.eval_params(PAPER)["settings"])
     assert (settings.dtype, settings.enforce_eager, settings.data_parallel_size) == (
         "bfloat16",
         False,
@@ -197,9 +187,9 @@ def test_engine_and_request_settings_of_the_paper_grid():
         "enable_prefix_caching": True,
         "gpu_memory_utilization": 0.9,
     }
-    grid = copy.deepcopy(PAPER["grid"])
-    grid["eval"].update(dtype="float32", enforce_eager=True, data_parallel_size=4)
-    rank = G.rank_params({"grid": grid}, "qwen3-8b")
+    config = copy.deepcopy(PAPER)
+    config["grid"]["eval"].update(dtype="float32", enforce_eager=True, data_parallel_size=4)
+    rank = G.rank_params(config, "qwen3-8b")
     assert (rank["dtype"], rank["enforce_eager"], rank["data_parallel_size"]) == ("float32", True, 4)
     # per-request seeds: a function of the seed, the split and the problem id only
     items = queue(

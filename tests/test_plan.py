@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import filled
 
 from calibrl import plan as P
 from calibrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+PAPER = filled("paper")
 
 
 def _rows(config, **overrides):
-    rows, trains = P.plan(config, overrides)
+    rows, trains = P.plan(filled(config), overrides)
     return {r.rule: r for r in rows}, trains
 
 

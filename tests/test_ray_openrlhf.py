@@ -1,8 +1,9 @@
 """The launcher's runtime environment in real Ray 2.55 (CPU, ``.venv-vllm``, with OpenRLHF 0.11.2 installed):
 
 * a Ray actor that subclasses OpenRLHF's trainer base gets the IAC patch and the step limit from the setup
-  hook and environment ``launch.runtime_env`` builds, and OpenRLHF's own experience maker there returns
-  ``calibrl.advantages.iac`` of OpenRLHF's plain group advantages (alpha from the environment; 0 is OpenRLHF's);
+  hook and the one variable ``launch.runtime_env`` sets (the run's settings.json), and OpenRLHF's own experience
+  maker there returns ``calibrl.algo.advantages.iac`` of OpenRLHF's plain group advantages (alpha from the run's
+  compiled method);
 * the reward file runs in an async Ray actor through OpenRLHF's ``SingleTurnAgentExecutor`` (as in a vLLM
   rollout actor), with its grading worker processes, and grades real responses.
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibrl.advantages import iac
+from calibrl.algo.advantages import iac
 
 pytestmark = pytest.mark.vllm
 ray = pytest.importorskip("ray")
@@ -30,13 +31,26 @@ REWARDS = [[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0], [0, 1, 0, 0]]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """Ray with the launcher's runtime environment (IAC alpha 1, 7 steps), the test hook in front of its hook."""
+def settings(tmp_path_factory):
+    """The settings.json of a paper IAC run (alpha 1), in a segment that stops at step 7."""
+    from conftest import filled, paper_settings
+
+    from calibrl import grid as G
+    from calibrl.backends.openrlhf import steps
+
+    path = paper_settings(filled("paper"), G.Run("qwen3-8b", "iac", 0), tmp_path_factory.mktemp("run"))
+    steps.write_segment(path.parent, 7)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(settings):
+    """Ray with the launcher's runtime environment, the test hook in front of its hook."""
     import ray_openrlhf_hook
 
-    from calibrl.train.openrlhf import launch
+    from calibrl.backends.openrlhf import launch
 
-    env = launch.runtime_env(1.0, 7)
+    env = launch.runtime_env(settings)
     env["env_vars"] = {
         **env["env_vars"],
         "CALIBRL_TEST_REAL_HOOK": env["worker_process_setup_hook"],
@@ -58,31 +72,30 @@ def cluster():
                 del sys.modules[name]
 
 
-def _grpo_argv(tmp_path: Path) -> list[str]:
-    """A paper GRPO run's OpenRLHF argv (command.build_command), without the launcher's own flags."""
-    from test_openrlhf import GRID, paper_run
+def _argv(settings: Path) -> list[str]:
+    """The run's OpenRLHF argv, as the launcher builds it."""
+    import json
 
-    from calibrl.train.openrlhf import command
+    from calibrl.backends.openrlhf import command
 
-    _, rest = command.split_calibrl(command.build_command(paper_run("grpo", GRID["grpo"], tmp_path))[3:])
-    return rest
+    return command.build_command(json.loads(settings.read_text()), settings.parent, settings.parent / "p.jsonl", 40315)
 
 
-def test_iac_patch_is_active_in_a_trainer_actor(cluster, tmp_path):
-    probe = ray.remote(num_cpus=1)(cluster.Probe).remote(_grpo_argv(tmp_path))
+def test_iac_patch_is_active_in_a_trainer_actor(cluster, settings):
+    probe = ray.remote(num_cpus=1)(cluster.Probe).remote(_argv(settings))
     state = ray.get(probe.state.remote())
     assert state["is_trainer"] and state["iac_patched"] and state["step_limit"]
-    assert state["alpha"] == 1.0 and state["max_steps"] == "7"
+    assert state["settings"] == str(settings.resolve()) and state["stop_at"] == 7  # the one variable, the segment
     assert state["pid"] != os.getpid()  # a Ray worker process, not this one
-    plain = torch.tensor(ray.get(probe.advantages.remote(REWARDS, "0")))
-    calibrated = torch.tensor(ray.get(probe.advantages.remote(REWARDS, "1.0")))
+    plain = torch.tensor(ray.get(probe.advantages.remote(REWARDS, False)))
+    calibrated = torch.tensor(ray.get(probe.advantages.remote(REWARDS, True)))
     assert torch.allclose(calibrated, iac(plain, 1.0), atol=1e-6)
     assert not torch.allclose(calibrated, plain)  # the calibration acted: the lone success of group 0 x 3
     assert calibrated[0, 0] == pytest.approx(plain[0, 0].item() * 3, rel=1e-5)
 
 
 def test_reward_function_grades_in_an_async_actor_with_worker_processes(cluster):
-    reward = str(Path(cluster.__file__).parents[1] / "src" / "calibrl" / "train" / "openrlhf" / "reward.py")
+    reward = str(Path(cluster.__file__).parents[1] / "src" / "calibrl" / "backends" / "openrlhf" / "reward.py")
     host = ray.remote(num_cpus=1)(cluster.RewardHost).remote(reward)
     prompt = "<|im_start|>user\nWhat is 6 x 7?<|im_end|>\n<|im_start|>assistant\n"
     answers = ["The answer is \\boxed{42}.", "So \\boxed{41}", "\\boxed{\\frac{84}{2}}", "no box at all"] * 3

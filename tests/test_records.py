@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from calibrl.data.records import DataError, Records, read_jsonl, validate_record, write_jsonl
+from calibrl.data.records import DataError, Records, read_jsonl, record_problem, write_jsonl
 
 GOOD = [
     {
@@ -241,11 +241,11 @@ def test_unicode_line_separators_do_not_split_rows(tmp_path):
     assert read_jsonl(path) == [record]
 
 
-def test_bad_on_error_and_validate_record():
+def test_bad_on_error_and_record_problem():
     with pytest.raises(ValueError, match="on_error"):
         read_jsonl("whatever.jsonl", on_error="ignore")
-    validate_record(GOOD[0])
-    with pytest.raises(DataError, match="missing required key 'source'"):
-        validate_record({"id": "a", "problem": "p", "answer": "1"})
-    with pytest.raises(DataError):
-        validate_record("a string")
+    assert record_problem(GOOD[0]) is None
+    assert "missing required key 'source'" in record_problem({"id": "a", "problem": "p", "answer": "1"})[1]
+    assert record_problem("a string") is not None
+    with pytest.raises(DataError, match="missing required key 'source'"):  # what a writer does with it
+        write_jsonl("never.jsonl", [{"id": "a", "problem": "p", "answer": "1"}])

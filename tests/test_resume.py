@@ -3,7 +3,7 @@ rerun, ends bit-identical to an uninterrupted run with the same seed: every chec
 weights, the optimizers, the RNG states, the data cursor and pool, and the metrics (which see the data order
 and the sampling RNG).
 
-Each chain runs one job (``python -c`` calling ``calibrl.pipeline.train_job``, as the rule's script does) and
+Each chain runs one job (``python -c`` calling ``calibrl.backends.jobs.train_job``, as the rule's script does) and
 kills it several times before letting it finish; the kill moments are drawn from a seeded RNG:
 
 * ``start``: a random delay after the job has claimed its run folder (grading workers, the filtering
@@ -13,8 +13,8 @@ kills it several times before letting it finish; the kill moments are drawn from
 
 After every SIGKILL, half-written-looking temporaries (complete but wrong weights in a hidden ``.tmp`` policy
 folder, a truncated trainer state, marker and metrics) are planted where a killed write leaves its own; the
-rerun must not trust them, and removes them. Half the kills also remove the markers and the metrics, as
-Snakemake does with the declared outputs of a failed job. The policy is warm-started so that rewards, hence
+rerun must not trust them, and removes them. Half the kills also remove the step markers and the metrics log,
+which the job rebuilds from its checkpoints. The policy is warm-started so that rewards, hence
 updates, are not all zero (an untrained policy never solves a Countdown problem and GRPO would never move its
 weights).
 
@@ -36,15 +36,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, snakemake, write_config
+from conftest import SNAKEMAKE, copy_workflow, filled, load_config, snakemake, write_config
 from safetensors.torch import load_file
 
 from calibrl import grid as G
+from calibrl.backends.local.warmstart import warmstart
+from calibrl.checkpoints import settings_job
 from calibrl.data import countdown
 from calibrl.data.records import write_jsonl
 from calibrl.models import build_model, build_tokenizer, save
-from calibrl.pipeline import settings_job
-from calibrl.train.warmstart import warmstart
 
 pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make test` runs it
 
@@ -66,7 +66,7 @@ WRITING = "during a checkpoint write"
 
 
 def micro_grid() -> dict:
-    grid = load_config(REPO)["grid"]
+    grid = filled("config")["grid"]
     grid["models"] = {"qwen3-tiny-m": {**ARCH, "memory": "qwen3-tiny-xs"}}
     grid["memory_models"] = {"qwen3-tiny-xs": MEMORY_ARCH}
     # a checkpoint at every step: kills land before, during and after checkpoint writes
@@ -108,7 +108,7 @@ def trainer_state(run_dir: Path, step: int) -> dict:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # wall time differs, nothing else
 
 
@@ -166,23 +166,22 @@ def setup(tmp_path_factory):
 
 def job(grid: dict, method: str, run_dir: Path, train: Path, infos: dict) -> list[str]:
     """The train job's command, after the run's settings.json is made as rule run_settings makes it."""
-    memory = str(infos["memory"]) if grid["methods"][method].get("dlc_mu") else None
+    inputs = {"train": str(train), "init": str(infos["policy"])}
+    if grid["methods"][method].get("dlc_mu"):
+        inputs["memory"] = str(infos["memory"])
     settings = run_dir / "settings.json"
     if not settings.exists():
         params = G.train_params({"grid": grid}, G.Run("qwen3-tiny-m", method, 0))
-        settings_job(params, str(settings), str(train), str(infos["policy"]), memory)
+        settings_job(params, None, str(settings), inputs)
     args = {
         "settings_path": str(settings),
-        "run_dir": str(run_dir),
-        "train_path": str(train),
-        "steps": G.run_length({"grid": grid}),
-        "init_info": str(infos["policy"]),
-        "memory_info": memory,
+        "stop_at": STEPS,
+        "marker": str(run_dir / "ckpt" / f"segment_{STEPS}.done"),
     }
     code = (  # grading workers re-import __main__: the job runs under the guard, as the rule scripts do
         "import json, sys\n"
         "from calibrl.logs import setup\n"
-        "from calibrl.pipeline import train_job\n"
+        "from calibrl.backends.jobs import train_job\n"
         "if __name__ == '__main__':\n"
         "    setup()\n"
         "    train_job(**json.loads(sys.argv[1]))\n"
@@ -262,7 +261,7 @@ def plant_half_written(run_dir: Path, init_policy: Path) -> None:
     shutil.copytree(init_policy, folder / ".policy.planted.tmp")
     (folder / ".trainer_state.pt.planted.tmp").write_bytes(b"PK\x03\x04 half a zip")
     (run_dir / "ckpt" / f".step_{step}.done.planted.tmp").write_text('{"step": ')
-    (run_dir / ".metrics.jsonl.planted.tmp").write_text('{"step": 1, "reward": 1.0, "los')
+    (run_dir / "ckpt" / ".metrics.jsonl.planted.tmp").write_text('{"step": 1, "reward": 1.0, "los')
 
 
 def run_chain(setup, method: str, sig: signal.Signals, kills: int, seed: int, out: Path) -> list[tuple]:
@@ -286,10 +285,10 @@ def run_chain(setup, method: str, sig: signal.Signals, kills: int, seed: int, ou
         points.append((kind, landing(out, before), max(complete(out), default=0)))
         if sig == signal.SIGKILL:
             plant_half_written(out, root / "policy")
-        if rng.random() < 0.5:  # as Snakemake does after a failed job: its declared outputs are removed
+        if rng.random() < 0.5:  # markers and the step log lost: the job rebuilds them from its checkpoints
             for marker in markers(out):
                 marker.unlink()
-            (out / "metrics.jsonl").unlink(missing_ok=True)
+            (out / "ckpt" / "metrics.jsonl").unlink(missing_ok=True)
     rc, err = attempt(cmd)
     assert rc == 0, err[-3000:]
     return points
@@ -382,7 +381,7 @@ def test_snakemake_killed_mid_training_then_rerun(tmp_path):
     ref = snakemake_group(reference, tmp_path / "reference.out", target)  # side by side with the killed one
 
     run_dir = work / "results" / "runs" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0"
-    train_log = work / "results" / "logs" / "train" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0.log"
+    train_log = work / "results" / "logs" / "train" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0" / "segment_12.log"
 
     def killed(sig: signal.Signals, more: int, *args: str) -> None:
         """Run the target, send ``sig`` to snakemake's process group once ``more`` checkpoints are added."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import calibrl
 from calibrl.grading import Grader
 
-REWARD = Path(calibrl.__file__).parent / "train" / "openrlhf" / "reward.py"
+REWARD = Path(calibrl.__file__).parent / "backends" / "openrlhf" / "reward.py"
 PROMPT = "<|im_start|>user\nWhat is 6 x 7?<|im_end|>\n<|im_start|>assistant\n"
 
 

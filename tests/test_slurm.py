@@ -287,30 +287,34 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
 
 # ------------------------------------------------------------------------------------- multi-node request
 MULTINODE_SNAKEFILE = """\
-# The request rule train makes for a paper run (calibrl.layout.slurm_request of calibrl.grid.layout_params, as
-# workflow/rules/common.smk's train_request), submitted through the profile; in the allocation, ray_cluster.sh
-# starts Ray on every node and the probe asks it for OpenRLHF's placement groups (calibrl.layout.ray_requests).
+# The request rule train makes for a paper run (calibrl.grid.request: the OpenRLHF backend's slurm_request of the
+# run's layout, as workflow/rules/common.smk's train_request), submitted through the profile; in the allocation,
+# ray_cluster.sh starts Ray on every node and the probe asks it for OpenRLHF's placement groups
+# (calibrl.backends.openrlhf.layout.ray_requests).
 import json
 
 from calibrl import grid as G
-from calibrl import layout as L
+from calibrl.backends.openrlhf import layout as L
+from calibrl.config import validate
 
 
 configfile: {paper!r}
 
 
-def groups(run, layout):  # as calibrl.train.openrlhf.job.openrlhf_run places the run
-    settings = G.train_params(config, run)
-    return L.run_roles(layout, settings["method"], settings["train"])["ray_groups"]
+validate(config)  # the schema's defaults filled in, as the workflow reads the config
+
+
+def groups(run, layout):  # as the launcher places the run (calibrl.backends.openrlhf.command)
+    return L.run_roles(layout, G.method(config, run.method))["ray_groups"]
 
 
 RUN, DLC_RUN = G.Run("qwen3-14b", "grpo", 0), G.Run("qwen3-8b", "dapo_iac_dlc", 0)
-LAYOUT = G.layout_params(config, RUN)
+LAYOUT = G.resources(config, RUN)
 # Qwen3-14B's layout before the config check existed: actor 2x8, reference 4, vLLM 4 engines x TP2
 OLD = {{**LAYOUT, "colocate_all": False, "actor_gpus_per_node": 8, "ref_gpus_per_node": 4, "vllm_engines": 4}}
 LAYOUTS = {{
     "paper": {{"groups": groups(RUN, LAYOUT), "wait_s": 120}},
-    "dlc_8b": {{"groups": groups(DLC_RUN, G.layout_params(config, DLC_RUN)), "wait_s": 120}},
+    "dlc_8b": {{"groups": groups(DLC_RUN, G.resources(config, DLC_RUN)), "wait_s": 120}},
     "old": {{"groups": groups(RUN, OLD), "wait_s": 10}},
 }}
 
@@ -322,7 +326,7 @@ rule train:
         layouts=json.dumps(LAYOUTS),
         gpus=LAYOUT["gpus_per_node"],
     resources:
-        **L.slurm_request(LAYOUT),
+        **G.request(config, RUN),
     shell:
         "echo '{{params.layouts}}' > layouts.json; "
         "RAY_GPUS_PER_NODE={{params.gpus}} bash {script} {python} {probe} layouts.json {{output}}"
@@ -337,7 +341,7 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     node; the old 14B layout (28 GPUs) is never placed: its actor's group waits forever, as OpenRLHF would."""
     python = ray_python()
     shutil.copytree(REPO / "slurm", tmp_path / "slurm")
-    script = REPO / "src" / "calibrl" / "train" / "openrlhf" / "ray_cluster.sh"
+    script = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
     probe = REPO / "tests" / "ray_placement_probe.py"
     snakefile = MULTINODE_SNAKEFILE.format(
         paper=str(REPO / "config" / "paper.yaml"), script=script, python=python, probe=probe

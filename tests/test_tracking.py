@@ -7,9 +7,10 @@ import json
 import sqlite3
 
 import pytest
-from conftest import REPO, fake_run_results, load_config
+from conftest import fake_run_results, filled
 from mlflow.tracking import MlflowClient
 
+from calibrl import grid as G
 from calibrl.report.jobs import aggregate_job
 from calibrl.report.mlflow_view import sync_grid_mlflow
 from calibrl.tracking import Store, StoreError
@@ -20,7 +21,9 @@ RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m"
 @pytest.fixture
 def results(tmp_path):
     """A results folder as the workflow leaves it: per-checkpoint evaluations, training metrics, tables."""
-    grid = load_config(REPO)["grid"]
+    config = filled("config")
+    grid = config["grid"]
+    grid["methods"] = {m: G.method(config, m).to_dict() for m in grid["methods"]}  # compiled, as grid_mlflow's
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": []}
     res = tmp_path / "results"

@@ -1,27 +1,29 @@
-"""The local trainer on a micro setting: real tiny Qwen3 models, real math-verify grading."""
+"""The CPU backend's trainer on a micro setting: real tiny Qwen3 models, real math-verify grading."""
 
 import json
 
 import pytest
 import torch
 
+from calibrl import config as C
+from calibrl.backends.local.trainer import Trainer
 from calibrl.data import countdown
-from calibrl.grid import Method, TrainSettings
 from calibrl.models import build_model, build_tokenizer, load, save
+from calibrl.spec import TrainSettings, compile_method
 from calibrl.tasks import Scorer
-from calibrl.train.local import Trainer, aggregate, kl_penalty, overlong_penalty, ppo_clip_loss
 
-SETTINGS = TrainSettings(
-    steps=4,
-    eval_every=2,
-    prompts_per_step=4,
-    group_size=4,
-    lr=3e-3,
-    memory_lr=1e-3,
-    max_new_tokens=6,
-    ppo_minibatches=2,
-)
+TRAIN = C.filled(
+    "grid.train",
+    {"steps": 4, "eval_every": 2, "prompts_per_step": 4, "group_size": 4, "lr": 3e-3, "memory_lr": 1e-3,
+     "max_new_tokens": 6, "ppo_minibatches": 2, "dapo_overlong_cache": 4},
+)  # fmt: skip
+SETTINGS = TrainSettings.from_config(TRAIN)
 ARCH = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+
+
+def Method(estimator="grpo", **switches):
+    """A method compiled with the micro training settings (``calibrl.spec.compile_method``)."""
+    return compile_method("m", C.filled("grid.methods.*", {"estimator": estimator, **switches}), TRAIN)
 
 
 @pytest.fixture(scope="module")
@@ -82,26 +84,10 @@ def test_loss_decreases_on_a_fixed_batch(init_dir, records, scorer, tmp_path):
     assert losses[-1] < losses[0]
 
 
-def test_loss_pieces_match_their_definitions():
-    logp = torch.log(torch.tensor([[0.5, 0.4]]))
-    ref = torch.log(torch.tensor([[0.25, 0.4]]))
-    k3 = kl_penalty(logp, ref, "k3")
-    assert k3[0, 0].item() == pytest.approx(0.5 - 1 - torch.log(torch.tensor(0.5)).item(), abs=1e-6)
-    assert k3[0, 1].item() == pytest.approx(0.0, abs=1e-7)
-    loss, clipped = ppo_clip_loss(torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28)
-    assert loss.item() == pytest.approx(-1.28) and clipped.item() == 1.0
-    per_token = torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
-    assert aggregate(per_token, mask, "seq-mean-token-mean", 3).item() == pytest.approx(2.0)
-    assert aggregate(per_token, mask, "token-mean", 3).item() == pytest.approx(2.0)
-    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", 3).item() == pytest.approx((4 / 3 + 2 / 3) / 2)
-    assert overlong_penalty(torch.tensor([2, 3, 4, 6]), 6, 2).tolist() == [0.0, 0.0, 0.0, -1.0]
-
-
 def test_checkpoints_markers_and_exact_resume(init_dir, records, scorer, tmp_path):
     full = make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "full")
     full.run()
-    lines = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "full" / "ckpt" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
     for step in (2, 4):
         marker = json.loads((tmp_path / "full" / "ckpt" / f"step_{step}.done").read_text())
@@ -114,13 +100,13 @@ def test_checkpoints_markers_and_exact_resume(init_dir, records, scorer, tmp_pat
     resumed.run()  # picks up step_2 and trains steps 3 and 4
     for p, q in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):
         assert torch.equal(p, q)
-    cut = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
+    cut = (tmp_path / "cut" / "ckpt" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in cut] == [1, 2, 3, 4]
-    # Snakemake removes the declared outputs of a failed job: a rerun rebuilds them from the checkpoint.
-    (tmp_path / "cut" / "metrics.jsonl").unlink()
+    # A rerun rebuilds the step log and the markers from the checkpoint (here both deleted).
+    (tmp_path / "cut" / "ckpt" / "metrics.jsonl").unlink()
     (tmp_path / "cut" / "ckpt" / "step_2.done").unlink()
     make(Method("grpo", iac_alpha=1.0), init_dir, records, scorer, tmp_path / "cut").run()
-    assert (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines() == cut
+    assert (tmp_path / "cut" / "ckpt" / "metrics.jsonl").read_text().splitlines() == cut
     assert (tmp_path / "cut" / "ckpt" / "step_2.done").exists()
 
 

@@ -15,9 +15,9 @@ import os
 import pytest
 import torch
 
-from calibrl.dlc import calibrated_logits
+from calibrl.algo.dlc import calibrated_logits
+from calibrl.backends.openrlhf.vllm_dlc import composite_logprobs, divergence
 from calibrl.models import build_model, build_tokenizer, save
-from calibrl.train.openrlhf.vllm_dlc import composite_logprobs, divergence, hf_weights
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,15 +57,15 @@ class Engine:
 
     def set(self, policy=None, memory=None, mu=None) -> None:
         """Push HF weights (policy names as OpenRLHF broadcasts them, ``memory.*``) and mu into the engine."""
-        from calibrl.train.openrlhf.vllm_dlc import push
+        from calibrl.backends.openrlhf.vllm_dlc import push
 
         weights = []
         if policy is not None:
             self.policy = policy
-            weights += hf_weights(policy)
+            weights += [(n, p.detach()) for n, p in policy.named_parameters()]
         if memory is not None:
             self.memory = memory
-            weights += hf_weights(memory, "memory.")
+            weights += [(f"memory.{n}", p.detach()) for n, p in memory.named_parameters()]
         if mu is not None:
             self.mu = mu
         push(self.llm, weights, mu)
@@ -94,7 +94,7 @@ def engine(request, tmp_path_factory):
     policy, memory = _peaked(tok, policy_kwargs), _peaked(tok, memory_kwargs)
     save(policy, tok, root / "policy")
     save(memory, tok, root / "memory")
-    from calibrl.train.openrlhf.vllm_dlc import engine_kwargs
+    from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs
 
     llm = vllm.LLM(
         model=str(root / "policy"),
@@ -243,8 +243,8 @@ def _first_token_probs(engine: Engine) -> torch.Tensor:
 @pytest.mark.parametrize("engine", [FIRST], indirect=True)
 def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
     """A few DLC steps (Algorithm 1 lines 4-6, 21-22) with the memory trainer as a real Ray actor."""
+    from calibrl.backends.openrlhf.memory_actor import actor
     from calibrl.models import load
-    from calibrl.train.openrlhf.memory_actor import actor
 
     ray = ray_session
     engine.set(policy=engine.policy, memory=load(engine.paths["memory"])[0], mu=MU)
@@ -322,20 +322,21 @@ def test_divergence_check_detects_a_wrong_distribution():
 
 
 def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
-    """What of openrlhf_dlc runs without GPUs: engine args, the recorded experiences' tokens, the setup hook."""
+    """What of the backend's DLC patches runs without GPUs: engine args, the recorded experiences' tokens, the
+    setup hook."""
     import sys
     import types
 
-    from calibrl.train.openrlhf import iac_patch, openrlhf_dlc
+    from calibrl.backends.openrlhf import dlc as openrlhf_dlc
+    from calibrl.backends.openrlhf import patching
 
     seen = {}
     fake_vllm = types.SimpleNamespace(AsyncEngineArgs=lambda *a, **kw: seen.update(kw) or "args")
     module = types.ModuleType("fake_vllm_engine")
     module.vllm = fake_vllm
-    monkeypatch.setenv(openrlhf_dlc.ENV_MU, "0.5")
-    monkeypatch.setenv(openrlhf_dlc.ENV_MEMORY, "/ckpt/memory")
-    openrlhf_dlc.patch_engines(module)
-    openrlhf_dlc.patch_engines(module)  # once only
+    module.RolloutRayActor = type("RolloutRayActor", (), {"__init__": lambda self: None})
+    openrlhf_dlc.patch_engines(module, memory_path="/ckpt/memory", mu=0.5)
+    openrlhf_dlc.patch_engines(module, memory_path="/ckpt/memory", mu=0.5)  # once only
     assert fake_vllm.AsyncEngineArgs(model="/ckpt/policy", dtype="bfloat16") == "args"
     assert seen["model"] == "/ckpt/policy" and seen["dtype"] == "bfloat16"
     assert seen["hf_overrides"] == {
@@ -343,7 +344,7 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
         "dlc_memory_path": "/ckpt/memory",
         "dlc_mu": 0.5,
     }
-    assert seen["worker_extension_cls"] == "calibrl.train.openrlhf.openrlhf_dlc.DLCWorkerWrap"
+    assert seen["worker_extension_cls"] == "calibrl.backends.openrlhf.dlc.DLCWorkerWrap"
 
     # an OpenRLHF Experience of one sample: action_mask and rollout_log_probs are aligned with sequences[1:]
     experience = types.SimpleNamespace(
@@ -356,18 +357,21 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
     assert tokens[learn].tolist() == [7, 8, 2]
     assert torch.equal(logprobs[learn], torch.tensor([-0.5, -1.0, -0.1]))
 
-    # the setup hook registers the DLC patches when CALIBRL_DLC_MU > 0 (applied once OpenRLHF is imported)
+    # installing DLC (the setup hook does for a DLC run) registers the three patches, applied once OpenRLHF is
+    # imported, with the memory's folder, mu and learning rate bound
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    iac_patch.apply()
-    hook = next(f for f in sys.meta_path if isinstance(f, iac_patch._ImportHook))
-    assert openrlhf_dlc.patch_trainer in hook.callbacks["openrlhf.trainer.ppo_trainer"]
-    assert openrlhf_dlc.patch_engines in hook.callbacks["openrlhf.trainer.ray.vllm_engine"]
+    openrlhf_dlc.install("/ckpt/memory", 0.5, 1e-6)
+    hook = next(f for f in sys.meta_path if isinstance(f, patching._ImportHook))
+    trainer = hook.callbacks["openrlhf.trainer.ppo_trainer"]
+    assert [c.func for c in trainer] == [openrlhf_dlc.patch_trainer] and trainer[0].keywords["lr"] == 1e-6
+    engines = hook.callbacks["openrlhf.trainer.ray.vllm_engine"]
+    assert [c.func for c in engines] == [openrlhf_dlc.patch_engines] and engines[0].keywords["mu"] == 0.5
     assert openrlhf_dlc.patch_generator in hook.callbacks["openrlhf.trainer.ppo_utils.samples_generator"]
 
 
 def test_importance_setting_is_the_same_in_the_cpu_trainer_and_openrlhf(tmp_path):
-    """grid.train.dlc_importance: none (Algorithm 1 line 20) or truncated, one formula (calibrl.dlc)."""
-    from calibrl.dlc import IMPORTANCE_BOUNDS, importance_weights
+    """grid.train.dlc_importance: none (Algorithm 1 line 20) or truncated, one formula (calibrl.algo.dlc)."""
+    from calibrl.algo.dlc import IMPORTANCE_BOUNDS, importance_weights
 
     old = torch.tensor([[-1.0, -2.0, -0.1]], requires_grad=True)
     sampled = torch.tensor([[-1.0, -0.1, -3.0]])
@@ -380,20 +384,21 @@ def test_importance_setting_is_the_same_in_the_cpu_trainer_and_openrlhf(tmp_path
 
     openrlhf = pytest.importorskip("openrlhf")  # the OpenRLHF side: its own parser takes the flags
     assert openrlhf
-    from test_openrlhf import GRID, paper_run
+    from test_openrlhf import PAPER, parsed
 
-    from calibrl.train.openrlhf import command
+    from calibrl import grid as G
 
+    run = G.Run("qwen3-8b", "dapo_iac_dlc", 0)
     for mode, level in (("none", "off"), ("truncated", "token")):
-        argv = command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path, dlc_importance=mode))
-        _, rest = command.split_calibrl(argv[3:])
-        args = command.check_openrlhf_argv(rest)
+        config = {**PAPER, "grid": {**PAPER["grid"], "train": {**PAPER["grid"]["train"], "dlc_importance": mode}}}
+        _, args = parsed(config, run, tmp_path / mode)
         assert args.algo.advantage.is_correction_level == level
         if level != "off":
             assert args.algo.advantage.is_correction_mode == "clip"
             assert tuple(args.algo.advantage.is_correction_threshold) == IMPORTANCE_BOUNDS
+    config = {**PAPER, "grid": {**PAPER["grid"], "train": {**PAPER["grid"]["train"], "dlc_importance": "full"}}}
     with pytest.raises(ValueError, match="dlc_importance"):
-        command.build_command(paper_run("dlc", GRID["dapo_iac_dlc"], tmp_path, dlc_importance="full"))
+        G.method(config, "dapo_iac_dlc")
 
 
 @pytest.mark.vllm
@@ -428,23 +433,21 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     import importlib.util
     import inspect
 
-    from calibrl.train.openrlhf import openrlhf_dlc
+    from calibrl.backends.openrlhf import dlc as openrlhf_dlc
 
     engine_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_engine")
     generator_mod = pytest.importorskip("openrlhf.trainer.ppo_utils.samples_generator")
     wrap_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_worker_wrap")
-    monkeypatch.setenv(openrlhf_dlc.ENV_MU, "0.5")
     tok = build_tokenizer()
     for name in ("policy", "memory"):  # vLLM's engine args read the model's config
         save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, tmp_path / name)
-    monkeypatch.setenv(openrlhf_dlc.ENV_MEMORY, str(tmp_path / "memory"))
 
     # engines: RolloutRayActor reads vllm.AsyncEngineArgs from its module; the patched one is vLLM's class
     monkeypatch.setattr(engine_mod.vllm, "AsyncEngineArgs", engine_mod.vllm.AsyncEngineArgs)
-    openrlhf_dlc.patch_engines(engine_mod)
+    openrlhf_dlc.patch_engines(engine_mod, memory_path=str(tmp_path / "memory"), mu=0.5)
     args = engine_mod.vllm.AsyncEngineArgs(model=str(tmp_path / "policy"), dtype="float32")
     assert args.hf_overrides["architectures"] == ["DLCQwen3ForCausalLM"] and args.hf_overrides["dlc_mu"] == 0.5
-    assert args.worker_extension_cls == "calibrl.train.openrlhf.openrlhf_dlc.DLCWorkerWrap"
+    assert args.worker_extension_cls == "calibrl.backends.openrlhf.dlc.DLCWorkerWrap"
 
     # generator: every processed response is recorded before DAPO's filter; vLLM is asked for logprobs
     cls = generator_mod.SamplesGenerator
@@ -497,7 +500,7 @@ def test_memory_loss_in_logit_chunks_equals_the_full_cross_entropy(tmp_path, mon
     """The memory actor's loss, computed from hidden states with the logits made a few rows at a time and
     recomputed in backward (so 8k-token responses over Qwen3's vocabulary fit), equals the plain token-mean
     cross-entropy over full logits, in value and gradient."""
-    from calibrl.train.openrlhf import memory_actor
+    from calibrl.backends.openrlhf import memory_actor
 
     tok = build_tokenizer()
     save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=5), tok, tmp_path / "m")
@@ -531,7 +534,7 @@ def test_memory_loss_in_logit_chunks_equals_the_full_cross_entropy(tmp_path, mon
 def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monkeypatch):
     """The logged divergence check of the memory actor: sampling logprobs that are the composite's give ~0,
     of another mu do not; it reads each sequence's first CHECK_TOKENS only (bounded memory at 8k tokens)."""
-    from calibrl.train.openrlhf import memory_actor
+    from calibrl.backends.openrlhf import memory_actor
 
     tok = build_tokenizer()
     policy = _peaked(tok, dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=6))

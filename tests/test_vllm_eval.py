@@ -29,18 +29,28 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from conftest import filled
 
-from calibrl import checkpoints, pipeline
+from calibrl import checkpoints
 from calibrl import grid as G
-from calibrl.evaluate_vllm import engine_kwargs, generate_and_grade, queue, request_seed, sampling_kwargs, stream
+from calibrl.evaluate import evaluate_job
+from calibrl.evaluate.vllm import (
+    engine_kwargs,
+    generate_and_grade,
+    queue,
+    rank_job,
+    request_seed,
+    sampling_kwargs,
+    stream,
+)
+from calibrl.spec import EvalSettings
 from calibrl.tasks import Scorer
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+PAPER = filled("paper")
 CHATML = (  # Qwen3's shape: an empty think block when thinking is switched off
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -189,10 +199,10 @@ def _paper_grid() -> dict:
 
 @pytest.mark.vllm
 def test_evaluate_job_matches_the_cpu_evaluator_and_the_exact_distribution(ckpt, truth, tmp_path):
-    """pipeline.evaluate_job with evaluator vllm (chat template, n = 8, paper sampling) on one checkpoint,
-    against calibrl.evaluate.evaluate_policy on the same checkpoint and the exact success chances."""
+    """calibrl.evaluate.evaluate_job with evaluator vllm (chat template, n = 8, paper sampling) on one checkpoint,
+    against the CPU evaluator (calibrl.evaluate.local) on the same checkpoint and the exact success chances."""
     from calibrl.data.records import write_jsonl
-    from calibrl.evaluate import evaluate_policy
+    from calibrl.evaluate.local import evaluate_policy
     from calibrl.models import load
 
     grid = _paper_grid()
@@ -206,13 +216,13 @@ def test_evaluate_job_matches_the_cpu_evaluator_and_the_exact_distribution(ckpt,
     marker.write_text(json.dumps({"step": 50, "policy": str(ckpt), "fingerprint": stamp["fingerprint"]}))
     params = G.eval_params({"grid": grid})
     out = tmp_path / "eval" / "step_50.json"
-    pipeline.evaluate_job(params, str(tmp_path / "settings.json"), [str(marker)], paths, [str(out)], [50], workers=2)
+    evaluate_job(params, str(tmp_path / "settings.json"), [str(marker)], paths, [str(out)], [50], workers=2)
     result = json.loads(out.read_text())
     assert result["step"] == 50 and result["sampling"]["dtype"] == "float32" and result["sampling"]["top_k"] == 20
     assert result["sampling"]["chat_template"] and result["sampling"]["enable_thinking"] is False
 
     policy, tokenizer = load(ckpt)
-    local = G.EvalSettings.from_params({**params["settings"], "evaluator": "local", "chat_template": False})
+    local = EvalSettings.from_params({**params["settings"], "evaluator": "local", "chat_template": False})
     with Scorer(workers=2) as scorer:
         cpu = evaluate_policy(policy, tokenizer, SPLITS, scorer.grades, local)
     counts = {}
@@ -237,7 +247,8 @@ def test_evaluate_job_matches_the_cpu_evaluator_and_the_exact_distribution(ckpt,
 
 @pytest.mark.vllm
 def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_path):
-    """pipeline.rank_job (rank_train) through vLLM with the training sampling (temperature 1, no top-k/p)."""
+    """calibrl.evaluate.vllm.rank_job (rank_train) through vLLM with the training sampling (temperature 1, no
+    top-k/p)."""
     from calibrl.data.records import write_jsonl
     from calibrl.models import load
     from calibrl.sampling import sample
@@ -248,7 +259,7 @@ def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_p
     write_jsonl(tmp_path / "train.jsonl", records)
     params = {**G.rank_params({"grid": grid}, grid["main_model"]), "model": str(ckpt)}
     assert params["chat_template"] and params["dtype"] == "float32" and params["samples"] == 8
-    pipeline.rank_job(params, str(tmp_path / "train.jsonl"), str(tmp_path / "success.json"), workers=2)
+    rank_job(params, str(tmp_path / "train.jsonl"), str(tmp_path / "success.json"), workers=2)
     rates = json.loads((tmp_path / "success.json").read_text())["rates"]
     assert sorted(rates) == sorted(r["id"] for r in records)
     assert all(r * 8 == int(r * 8) for r in rates.values())
@@ -274,12 +285,12 @@ def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_p
 def reference(ckpt):
     """One engine (the evaluator's own engine_kwargs, float32 and eager as vLLM-CPU needs): every problem's
     8 samples with logprobs, twice (the second time in reverse order, in other batches)."""
-    from calibrl.evaluate_vllm import _shutdown, tokenizer_for
+    from calibrl.evaluate.vllm import _shutdown, tokenizer_for
 
     items = queue(SPLITS, "{problem} Answer:", tokenizer_for(str(ckpt), True))
     sampling = sampling_kwargs(8, EVAL["temperature"], EVAL["top_p"], MAX_NEW, EVAL["top_k"])
     params = [{**sampling, "seed": request_seed(0, it), "logprobs": 1} for it in items]
-    # as calibrl.evaluate_vllm.serve starts it on CPU
+    # as calibrl.evaluate.vllm.serve starts it on CPU
     llm = vllm.LLM(**engine_kwargs(str(ckpt), 0, 1, 256, "float32", True), enable_chunked_prefill=False)
     try:
         first = llm.generate([it.prompt for it in items], [vllm.SamplingParams(**p) for p in params], use_tqdm=False)

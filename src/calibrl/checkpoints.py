@@ -8,8 +8,9 @@ the ``step_{k}.done`` markers Snakemake tracks), ``metrics.jsonl`` and the evalu
   locks on NFS), so a killed holder's lock is gone with it and the next job takes over, with no stale-lock
   file to clean;
 * checkpoints carry the settings that made them: the run's :func:`stamp` (its ``calibrl.grid.train_params``
-  slice, the digests of its input files, and a fingerprint of both) is a file of the DAG,
-  ``settings.json``, made by its own small rule whose params are that slice. Training and evaluation both
+  slice, the digests of its input files, and a fingerprint of both; beside them, where the input files are and
+  how the run is laid out, no part of its identity) is a file of the DAG, ``settings.json``, made by its own
+  small rule whose params are that slice. It is the only thing a backend reads. Training and evaluation both
   read it, so a changed setting or input reruns both, while a resumed run (whose markers evaluation takes
   as ancient()) reruns neither. :func:`claim` copies the stamp into ``ckpt/``; a job whose stamp differs
   moves what the old settings made aside to ``stale/<old fingerprint>/`` and trains from scratch, logging
@@ -27,14 +28,12 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from calibrl.grid import changed_keys, fingerprint
 from calibrl.io import write_json
 
 log = logging.getLogger("calibrl.checkpoints")
@@ -109,11 +108,34 @@ def digest(path: str | Path | None) -> str | None:
     return h.hexdigest()
 
 
-def stamp(settings: dict, inputs: dict) -> dict:
-    """A run's identity: its settings slice (``calibrl.grid.train_params``), ``inputs`` (name -> digest of each
-    file it reads), and the fingerprint of both."""
+def fingerprint(settings: dict) -> str:
+    """A short stable hash of a settings slice (canonical JSON: key order and int/float spelling of the same
+    YAML do not matter to json.dumps of the parsed values)."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def changed_keys(old, new, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two settings slices (for the log of a retrained run)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".") or "(all)"]
+
+
+def stamp(settings: dict, inputs: dict, paths: dict | None = None, resources: dict | None = None) -> dict:
+    """A run's ``settings.json``: its identity, the settings slice (``calibrl.grid.train_params``) and ``inputs``
+    (name -> digest of each file it reads), with the fingerprint of both; and beside it, outside the fingerprint,
+    ``paths`` (name -> absolute path of each input; a model's folder) and ``resources`` (the backend's layout)."""
     identity = {"settings": settings, "inputs": inputs}
-    return {"fingerprint": fingerprint(identity), **identity}
+    return {"fingerprint": fingerprint(identity), **identity, "paths": paths or {}, "resources": resources}
+
+
+def read_stamp(path: str | Path) -> dict:
+    """A run's ``settings.json``."""
+    return json.loads(Path(path).read_text())
 
 
 def claim(run_dir: str | Path, new: dict) -> bool:
@@ -213,47 +235,18 @@ def model_dir(info: str | None) -> str | None:
     return json.loads(Path(info).read_text())["path"] if info else None
 
 
-def settings_job(
-    settings: dict,
-    out_path: str,
-    train_path: str,
-    init_info: str | None = None,
-    memory_info: str | None = None,
-    success_path: str | None = None,
-) -> None:
-    """Rule run_settings' job: the run's ``settings.json`` (:func:`stamp`): its config slice (``grid.train_params``) and
-    the digests of the files it trains from, which training and evaluation both check against."""
-    inputs = {
-        "train": digest(train_path),
-        "init": digest(model_dir(init_info)),
-        "memory": digest(model_dir(memory_info)),
-        "success": digest(success_path),
+MODEL_INPUTS = ("init", "memory")
+"""Inputs that are a model's info file (a warm start's, a download's): the run reads the folder it names."""
+
+
+def settings_job(settings: dict, resources: dict | None, out_path: str, inputs: dict[str, str]) -> None:
+    """Rule run_settings' job: the run's ``settings.json`` (:func:`stamp`): its config slice (``grid.train_params``),
+    the digests and absolute paths of the files it trains from (``inputs``: name -> file; a model's info file
+    stands for the folder it names), and its layout (``grid.resources``)."""
+    paths = {
+        name: str(Path(model_dir(path) if name in MODEL_INPUTS else path).resolve()) for name, path in inputs.items()
     }
-    new = stamp(settings, inputs)
+    new = stamp(settings, {name: digest(path) for name, path in paths.items()}, paths, resources)
     log.info("%s: fingerprint %s", settings["run"], new["fingerprint"])
     write_json(out_path, new)
     date_settings(out_path)
-
-
-_STEP_DIR = re.compile(r"global_step(\d+)_hf")
-
-
-def release(policy: str | Path, step: int, keep_steps: list[int]) -> bool:
-    """Remove an evaluated Hugging Face checkpoint (OpenRLHF's ``global_step{k}_hf``) unless it is the newest
-    of its run or ``keep_steps`` names it (``grid.retention``). Its marker stays: training counts the step as
-    done, and an evaluation that needs it again says that it was removed. Returns whether it was removed."""
-    path = Path(policy)
-    m = _STEP_DIR.fullmatch(path.name)
-    if not m or not path.is_dir():
-        return False  # not an OpenRLHF checkpoint (the CPU trainer's are small and resumed from)
-    newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
-    if step in keep_steps or step >= newest:
-        return False
-    shutil.rmtree(path)
-    log.info(
-        "removed the evaluated checkpoint of step %d (%s); grid.retention keeps %s and the newest",
-        step,
-        path,
-        keep_steps,
-    )
-    return True

@@ -10,12 +10,12 @@ DEFAULT_LR = {"sgd": 0.5, "momentum": 0.5, "adamw": 0.05}  # the toy defaults of
 
 
 def _toy(args: argparse.Namespace) -> int:
-    from calibrl.advantages import ESTIMATORS
+    from calibrl.algo.advantages import ESTIMATORS
     from calibrl.io import write_csv
     from calibrl.toy.sim import ToySetting, run
 
     if args.estimator not in ESTIMATORS:
-        raise SystemExit(f"calibrl toy: --estimator must be one of {sorted(ESTIMATORS)}")
+        raise SystemExit(f"calibrl toy: --estimator must be one of {ESTIMATORS.names()}")
     setting = ToySetting(
         estimator=args.estimator,
         group_size=args.group_size,
@@ -69,20 +69,23 @@ def _plan(args: argparse.Namespace) -> int:
 
     import yaml
 
+    from calibrl import config as C
+    from calibrl import grid as G
     from calibrl import plan as P
 
     overrides = {}
     for path in args.assumptions or []:
         overrides.update({k: float(v) for k, v in (yaml.safe_load(Path(path).read_text()) or {}).items()})
     overrides.update(P.parse_assume(args.assume or []))
-    config = P.load_config(args.configfile)
+    config = C.load(args.configfile)
+    if not G.backend(config).on_gpus:
+        print(f"grid.trainer {config['grid']['trainer']}: its runs take no GPUs, nothing to price")
+        return 0
     rows, trains = P.plan(config, overrides)
     print(P.render(rows, trains, overrides))
     grid = config["grid"]
-    unpinned = [
-        m for m, spec in {**grid["models"], **grid.get("memory_models", {})}.items() if not spec.get("revision")
-    ]
-    if grid["trainer"] != "local" and unpinned:
+    unpinned = [m for m, spec in {**grid["models"], **grid["memory_models"]}.items() if not spec.get("revision")]
+    if unpinned:
         print(f"\nNOTE models without a pinned revision (grid.models.<name>.revision), main is taken: {unpinned}")
     if args.profile and Path(args.profile).is_file():
         warnings = P.check_runtimes(rows, P.slurm_runtimes(args.profile))

@@ -1,20 +1,26 @@
-"""Validating a workflow config before any job starts: every problem at once, each named by its dotted key
-and the rules that read it.
+"""Validating a workflow config before any job starts, every problem at once, each named by its dotted key and the
+rules that read it; and the one place defaults live.
 
-Two layers: the JSON schema (workflow/schemas/config.schema.yaml: types, ranges, unknown keys, required
-keys) and the cross-key checks a schema cannot express (``calibrl.grid.problems``: an evaluation interval
-that does not divide the steps, DLC without a memory model, a table naming an undefined method, ...). The
-Snakefile calls :func:`validate` first thing, so a bad ``--configfile`` fails before the DAG is built.
+Three layers: the JSON schema (workflow/schemas/config.schema.yaml: types, ranges, unknown keys, required keys, and
+every default; its enums of estimators, loss aggregations, KL estimators, trainers and evaluators are read from the
+registries, :func:`schema`), keys the chosen backend never reads (refused where the user set them), and the cross-key
+checks a schema cannot express (``calibrl.grid.problems``, with the defaults filled in). The Snakefile calls
+:func:`validate` first thing, which also fills in the schema's defaults, so every later reader takes a key as it
+is: no ``.get(key, default)`` anywhere else.
 """
 
 from __future__ import annotations
 
+import copy
+from functools import cache
 from pathlib import Path
 
 import jsonschema
 import yaml
 
 from calibrl import grid as G
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 # Which rules read a part of the config (longest matching prefix wins), for the error message.
 RULES = {
@@ -24,11 +30,11 @@ RULES = {
     "grid": "run_settings, train, evaluate, aggregate",
     "grid.data": "data_synthetic / data_download, and every rule reading the data",
     "grid.warmstart": "warmstart",
-    "grid.models": "warmstart, run_settings, train, evaluate",
-    "grid.memory_models": "warmstart, run_settings, train",
+    "grid.models": "warmstart / download_model, run_settings, train, evaluate",
+    "grid.memory_models": "warmstart / download_model, run_settings, train",
     "grid.main_model": "run_settings, train (Tables 4, 5, Figure 6)",
     "grid.train": "run_settings, train",
-    "grid.eval": "evaluate",
+    "grid.eval": "evaluate (or train, where the training job evaluates its checkpoints)",
     "grid.methods": "run_settings, train",
     "grid.tables": "train (which runs exist), aggregate",
     "grid.extra_seeds": "train",
@@ -69,6 +75,93 @@ def rules_for(key: str) -> str:
     return "every rule"
 
 
+# --------------------------------------------------------------------------------------------- schema
+def registry_enums() -> dict[str, list[str]]:
+    """The schema's ``$defs`` whose values are registered in code, with the names registered now."""
+    from calibrl import backends, evaluate
+    from calibrl.algo.advantages import ESTIMATORS
+    from calibrl.algo.dlc import IMPORTANCE
+    from calibrl.algo.losses import AGGREGATIONS, KL_ESTIMATORS
+    from calibrl.data.benchmarks import BENCHMARKS
+
+    hub = {role: [k for k, spec in BENCHMARKS.items() if spec.role == role] for role in ("train", "eval")}
+    return {
+        "estimator": ESTIMATORS.names(),
+        "loss_agg": AGGREGATIONS.names(),
+        "kl_estimator": KL_ESTIMATORS.names(),
+        "dlc_importance": list(IMPORTANCE),
+        "trainer": backends.names(),
+        "evaluator": evaluate.names(),
+        "train_set": hub["train"],
+        "eval_split": ["test", "ood", *hub["eval"]],  # the synthetic task's splits, then the Hub benchmarks
+    }
+
+
+@cache
+def _schema_file(path: str) -> dict:
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+
+
+def schema(base: dict | str | Path | None = None) -> dict:
+    """The config schema (``base``: a loaded schema or its file; default the workflow's) with the registries'
+    names as the enums of its ``$defs`` (a formula registered after import is a valid config value at once)."""
+    loaded = base if isinstance(base, dict) else _schema_file(str(base or SCHEMA_PATH))
+    out = copy.deepcopy(loaded)
+    for name, values in registry_enums().items():
+        out["$defs"][name] = {**out["$defs"][name], "enum": values}
+    return out
+
+
+# ------------------------------------------------------------------------------------------- defaults
+def _resolve(node: dict, root: dict) -> dict:
+    while "$ref" in node:
+        ref = node["$ref"].removeprefix("#/").split("/")
+        target = root
+        for part in ref:
+            target = target[part]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def fill_defaults(instance, node: dict, root: dict):
+    """Set every missing key that has a ``default`` in the schema, below ``instance`` (in place; a valid instance).
+    Under ``oneOf``/``anyOf`` the branch the instance matches is followed; defaults are deep copies."""
+    node = _resolve(node, root)
+    for branches in ("oneOf", "anyOf"):
+        for branch in node.get(branches, []):
+            if Validator(_resolve(branch, root) | {"$defs": root["$defs"]}).is_valid(instance):
+                fill_defaults(instance, branch, root)
+                break
+    for part in node.get("allOf", []):
+        fill_defaults(instance, part, root)
+    if not isinstance(instance, dict):
+        return instance
+    properties = node.get("properties", {})
+    for key, sub in properties.items():
+        sub = _resolve(sub, root)
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            fill_defaults(instance[key], sub, root)
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key in instance.keys() - properties.keys():
+            fill_defaults(instance[key], extra, root)
+    return instance
+
+
+def filled(section: str, values: dict, base: dict | None = None) -> dict:
+    """``values`` of the config object at dotted ``section`` (``grid.train``; ``*`` for any name:
+    ``grid.methods.*``) with the schema's defaults filled in: settings built outside a config file, as tests do."""
+    root = schema(base)
+    node: dict = root
+    for part in section.split("."):
+        node = _resolve(node, root)
+        node = node["additionalProperties"] if part == "*" else node["properties"][part]
+    return fill_defaults(copy.deepcopy(values), node, root)
+
+
+# ----------------------------------------------------------------------------------------- validation
 def _dotted(path) -> str:
     return ".".join(str(p) for p in path)
 
@@ -95,20 +188,53 @@ def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]
     return [(_dotted(where) or "(top level)", message)]
 
 
-def problems(config: dict, schema: dict) -> list[tuple[str, str]]:
-    """Every problem of ``config``: the schema's first, then (if there are none) the cross-key checks."""
-    validator = Validator(schema)
+def problems(config: dict, base: dict | str | Path | None = None) -> list[tuple[str, str]]:
+    """Every problem of ``config`` (unchanged): the schema's first; if there are none, the keys its backend never
+    reads, then the cross-key checks on a copy with the defaults filled in."""
+    root = schema(base)
     found: list[tuple[str, str]] = []
-    for error in sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
+    for error in sorted(Validator(root).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
         found += _schema_problems(error)
     if found:
         return list(dict.fromkeys(found))
-    return G.problems(config)
+    # keys as the user wrote them; one at its schema default acts no differently, so a filled config passes again
+    found = [(key, what) for key, what in G.ignored_keys(config["grid"]) if not _at_default(config, key, root)]
+    return found + G.problems(fill_defaults(copy.deepcopy(config), root, root))
 
 
-def validate(config: dict, schema_path: str | Path, source: str = "config") -> None:
-    """Raise :class:`ConfigError` listing every problem of ``config``; return quietly when it is valid."""
-    schema = yaml.safe_load(Path(schema_path).read_text(encoding="utf-8"))
-    found = problems(config, schema)
+def _at_default(config: dict, dotted: str, root: dict) -> bool:
+    """Whether ``config`` holds at ``dotted`` the schema's default for it (with the defaults below it filled in)."""
+    node, value = root, config
+    for part in dotted.split("."):
+        node = _resolve(node, root).get("properties", {}).get(part)
+        value = value.get(part) if isinstance(value, dict) else None
+        if node is None:
+            return False
+    node = _resolve(node, root)
+    return "default" in node and fill_defaults(copy.deepcopy(node["default"]), node, root) == value
+
+
+def validate(config: dict, base: dict | str | Path | None = None, source: str = "config") -> dict:
+    """Raise :class:`ConfigError` listing every problem of ``config``; otherwise fill in the schema's defaults (in
+    place, as Snakemake's own validation does) and return it."""
+    found = problems(config, base)
     if found:
         raise ConfigError(found, source)
+    root = schema(base)
+    return fill_defaults(config, root, root)
+
+
+def load(paths: list[str | Path]) -> dict:
+    """Config files layered as ``snakemake --configfile a b`` does (later keys deep-merged over earlier), validated,
+    with the defaults filled in."""
+    merged: dict = {}
+    for path in paths:
+        merged = _merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    return validate(merged, source=", ".join(map(str, paths)))
+
+
+def _merge(base: dict, new: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in new.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

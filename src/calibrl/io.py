@@ -1,4 +1,9 @@
-"""Atomic file output: every file the pipeline writes appears complete or not at all."""
+"""Atomic file output: every file the pipeline writes appears complete or not at all, and stays once written.
+
+One writer, :func:`atomic_path`: the content goes to a hidden temporary file beside the target, is flushed to disk
+(fsync), and is renamed onto the target (``os.replace``), whose directory is then synced too; a killed write
+leaves only the temporary, which no reader trusts.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
-import pandas as pd
 
 
 @contextlib.contextmanager
@@ -26,10 +29,27 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
+        _fsync(path.parent, os.O_RDONLY)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync(path: str | Path, flags: int) -> None:
+    """Flush ``path`` (a file, or a directory after a rename in it) to disk; best effort where a platform cannot
+    open or sync a directory."""
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def outputs(folder: str | Path) -> list[Path]:
@@ -65,11 +85,32 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str, ensure_ascii=False) + "\n")
 
 
-def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
+def write_csv(path: str | Path, frame) -> None:
     """CSV (gzip when the name ends in .gz), written atomically, without the index."""
     compression = "gzip" if str(path).endswith(".gz") else None
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False, compression=compression, float_format="%.6g")
+
+
+HTML_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>
+body {{font-family: sans-serif; max-width: 75em; margin: 1em auto; line-height: 1.4}}
+table {{border-collapse: collapse; margin: 0.5em 0}} th, td {{border: 1px solid #bbb; padding: 2px 6px}}
+td {{text-align: right}} td:first-child, td:nth-child(2) {{text-align: left}} th {{background: #eee}}
+</style></head><body>
+{body}
+</body></html>
+"""
+
+
+def write_markdown(path: str | Path, text: str) -> None:
+    """``path`` (Markdown) and the same page as HTML beside it (``.html``), for the Snakemake report."""
+    import markdown
+
+    path = Path(path)
+    write_text(path, text)
+    body = markdown.markdown(text, extensions=["tables"])
+    title = next((line.lstrip("# ") for line in text.splitlines() if line.startswith("#")), path.stem)
+    write_text(path.with_suffix(".html"), HTML_PAGE.format(title=title, body=body))

@@ -26,7 +26,6 @@ Throughput model (per GPU, bf16):
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from calibrl import grid as G
+from calibrl.backends.openrlhf import layout as L
 
 # name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
 ASSUMPTIONS: dict[str, tuple[object, str]] = {
@@ -59,7 +59,6 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "ds_checkpoints_kept": (1, "assumption: one DeepSpeed state per run kept for resume (--ckpt.max_num)"),
     "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
     "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
-    "eval_gpus": (1, "GPUs of one evaluation job when grid.eval sets none (slurm/config.yaml evaluate gpu: 1)"),
 }
 
 # Qwen3 architectures, from each model's config.json on the Hub (vocab 151,936; head_dim 128).
@@ -148,31 +147,27 @@ def _gb(n: float) -> float:
 
 def _hf(config: dict, model: str) -> str:
     grid = config["grid"]
-    spec = {**grid["models"], **grid.get("memory_models", {})}[model]
+    spec = {**grid["models"], **grid["memory_models"]}[model]
     if "hf_id" not in spec:
         raise ValueError(f"grid.models.{model}: the planner sizes Hub models (hf_id); tiny models cost nothing")
     return spec["hf_id"]
 
 
-def _eval_gpus(config: dict, a: dict) -> int:
+def _eval_gpus(config: dict) -> int:
     ev = config["grid"]["eval"]
-    if "data_parallel_size" in ev or "tensor_parallel_size" in ev:
-        return int(ev.get("data_parallel_size", 1)) * int(ev.get("tensor_parallel_size", 1))
-    return int(a["eval_gpus"])
+    return int(ev["data_parallel_size"]) * int(ev["tensor_parallel_size"])
 
 
 def train_row(config: dict, run: G.Run, a: dict) -> Row:
-    """One training run (``grid.train``, its layout (``calibrl.layout``), its method's extra work); ``jobs`` is
-    its number of segments, ``wall_h`` the longest segment's hours (one SLURM job)."""
-    from calibrl import layout as L
-
+    """One training run (``grid.train``, its layout (``calibrl.backends.openrlhf.layout``), its method's extra work);
+    ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job)."""
     grid = config["grid"]
     tr = grid["train"]
     hf = _hf(config, run.model)
     n_params = parameters(hf)
     m = G.method(config, run.method)
-    lay = G.layout_params(config, run)
-    roles = L.run_roles(lay, m.to_dict(), tr)
+    lay = G.resources(config, run)
+    roles = L.run_roles(lay, m)
     gpus = int(lay["nodes"]) * int(lay["gpus_per_node"])
     res = roles["resources"]
     gen_gpus = gpus if lay["colocate_all"] else res["vllm_engines"] * res["vllm_tensor_parallel_size"]
@@ -181,7 +176,7 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus)
     tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
     flops = a["train_flops_per_param_token"] * n_params * tokens
-    memory = grid["models"][run.model].get("memory") if m.dlc_mu > 0 else None
+    memory = G.memory_of(grid, run.model) if m.uses_dlc else None
     if memory:  # DLC: the memory network runs beside the policy in generation and is trained on the same tokens
         mem_params = parameters(_hf(config, memory))
         gen *= 1 + mem_params / n_params
@@ -194,7 +189,7 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     longest = max(b - e for b, e in zip(ends, [0, *ends]))
     segment_h = (longest * step + a["engine_startup_s"]) / 3600
     run_h = (tr["steps"] * step + len(ends) * a["engine_startup_s"]) / 3600
-    checkpoints = len(G.steps_of(tr))
+    checkpoints = len(G.eval_steps(config))
     keep = G.retention(config)
     # removed once evaluated: the newest, the kept steps, and about one segment's worth awaiting evaluation
     waiting = longest // int(tr["eval_every"])
@@ -218,16 +213,7 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     splits = ["train", *grid["data"]["eval_splits"]]
     data_bytes = (a["train_rows"] + a["eval_problems"]) * a["data_bytes_per_problem"]
     rows.append(Row("data_download", len(splits), 0, 5 / 60, _gb(data_bytes), "login node, CPU"))
-    used = list(
-        dict.fromkeys(
-            [r.model for r in runs]
-            + [
-                grid["models"][r.model]["memory"]
-                for r in runs
-                if G.method(config, r.method).dlc_mu > 0 and grid["models"][r.model].get("memory")
-            ]
-        )
-    )
+    used = G.hub_models(config)
     model_bytes = {m: parameters(_hf(config, m)) * a["hf_bytes_per_param"] for m in used}
     seconds = sum(model_bytes.values()) * 8 / (a["download_gbit_per_s"] * 1e9)
     rows.append(
@@ -240,9 +226,9 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
             "login node: " + ", ".join(used),
         )
     )
-    ranked = sorted({r.model for r in runs if G.method(config, r.method).filter_easiest > 0})
+    ranked = sorted({r.model for r, spec in G.run_specs(config) if spec.filters})
     if ranked:
-        egpus = _eval_gpus(config, a)
+        egpus = _eval_gpus(config)
         tr = grid["train"]
         walls = [
             a["engine_startup_s"]
@@ -262,7 +248,7 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
             sum(t.gpu_hours for t in trains),
         )
     )
-    egpus = _eval_gpus(config, a)
+    egpus = _eval_gpus(config)
     ev = grid["eval"]
     n_ckpt = len(G.eval_steps(config))
     evals = []
@@ -341,8 +327,7 @@ def slurm_gpus(profile: str | Path) -> dict[str, int]:
 def check_gpus(config: dict, gpus: dict[str, int]) -> list[str]:
     """A warning per vLLM rule whose SLURM ``gpu`` is fewer than its engines need (grid.eval
     ``data_parallel_size`` x ``tensor_parallel_size``): the job would fail when its engines start."""
-    ev = config["grid"]["eval"]
-    need = int(ev.get("data_parallel_size", 1)) * int(ev.get("tensor_parallel_size", 1))
+    need = _eval_gpus(config)
     return [
         f"WARNING {rule}: grid.eval asks for {need} GPUs (data_parallel_size x tensor_parallel_size), the "
         f"profile gives {gpus[rule]} (set-resources.{rule}.gpu)"
@@ -375,21 +360,6 @@ def render(rows: list[Row], trains: list[Row], overrides: dict | None = None, br
         lines.append(f"  {key} = {a[key]:g}  ({source})" if a[key] != value else f"  {key} = {value}  ({source})")
     lines += [f"  {k} = {v:g}  (given)" for k, v in a.items() if k.startswith("gen_tokens_per_s.")]
     return "\n".join(lines)
-
-
-def load_config(paths: list[str]) -> dict:
-    """Config files layered as ``snakemake --configfile a b`` does: later keys deep-merged over earlier."""
-    merged: dict = {}
-    for path in paths:
-        merged = _merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
-    return merged
-
-
-def _merge(base: dict, new: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in new.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def parse_assume(items: list[str]) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from calibrl.dlc import calibrated_logits
+from calibrl.algo.dlc import calibrated_logits
 
 
 @dataclass
@@ -225,20 +225,3 @@ def sample(
         texts=texts,
         attention_mask=attention_mask[:, : prompt_len + steps].clone(),
     )
-
-
-@torch.no_grad()
-def sampling_probs(policy, memory, mu: float, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """DLC's next-token distribution ``softmax(f_theta - mu * f_phi)`` (B, V) at the last position.
-
-    ``input_ids``/``attention_mask`` are left-padded (B, L) inputs, as built by :func:`encode_prompts`;
-    positions are derived from the mask as in :func:`sample`. ``memory`` may be None when ``mu == 0``.
-    """
-    if mu > 0 and memory is None:
-        raise ValueError(f"DLC with mu={mu} needs a memory model")
-    position_ids = position_ids_from_mask(attention_mask)
-    policy_logits = _last_logits(policy, input_ids, attention_mask, position_ids, None)
-    memory_logits = None
-    if memory is not None and mu > 0:
-        memory_logits = _last_logits(memory, input_ids, attention_mask, position_ids, None)
-    return calibrated_logits(policy_logits, memory_logits, mu).softmax(dim=-1)

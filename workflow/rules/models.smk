@@ -1,46 +1,32 @@
-# Paper scale: each Hub model of the grid downloaded once, on the login node (compute nodes are often
-# offline), at its pinned revision (grid.models.<name>.revision) into the shared grid.models_dir. The jobs
-# that read a model get its absolute folder (calibrl.grid.model_path) and run with HF_HUB_OFFLINE=1; the
-# output records the folder, the revision and the commit it resolved to (calibrl.model_store).
-
-if not LOCAL:
-
-    rule download_model:
-        output:
-            res("models/{model}/hub.json"),
-        params:
-            model=download_params,
-        log:
-            res("logs/download_model/{model}.log"),
-        localrule: True  # the login node: the one with the Hub
-        retries: 2  # the Hub is flaky; offline it fails at once, naming the folder to pre-seed
-        conda:
-            "../../envs/local.yaml"
-        script:
-            "../../scripts/download_model.py"
+# Hub models: each downloaded once, on the login node (compute nodes are often offline), at its pinned revision
+# (grid.models.<name>.revision) into the shared grid.models_dir. The jobs that read a model get its absolute folder
+# (calibrl.grid.model_path) and run with HF_HUB_OFFLINE=1; the output records the folder, the revision and the commit
+# it resolved to (calibrl.model_store). Which file a run's model comes from (this rule's, or a tiny model's warm
+# start) is its backend's (calibrl.backends: model_file).
 
 
-# Every model the grid's runs use (a DLC run's memory model included); [] for tiny models.
-HUB_MODELS = (
-    []
-    if LOCAL
-    else list(
-        dict.fromkeys(
-            [r.model for r in RUNS]
-            + [
-                GRID["models"][r.model]["memory"]
-                for r in RUNS
-                if G.method(config, r.method).dlc_mu > 0 and GRID["models"][r.model].get("memory")
-            ]
-        )
-    )
-)
-MODEL_INFOS = [res(f"models/{m}/hub.json") for m in HUB_MODELS]
+rule download_model:
+    output:
+        res("models/{model}/hub.json"),
+    params:
+        model=download_params,
+    log:
+        res("logs/download_model/{model}.log"),
+    localrule: True  # the login node: the one with the Hub
+    retries: 2  # the Hub is flaky; offline it fails at once, naming the folder to pre-seed
+    conda:
+        "../../envs/local.yaml"
+    script:
+        "../../scripts/download_model.py"
 
 
-# Paper scale: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the jobs
-# it submits), with a warning for each rule whose estimated job outruns its runtime in the profile.
-if not LOCAL and workflow.is_main_process:
+# Every model the grid's runs train from, prepared first (a DLC run's memory model included).
+MODEL_INFOS = [res(BACKEND.model_file(m)) for m in G.hub_models(config)]
+
+
+# On a GPU backend: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the
+# jobs it submits), with a warning for each rule whose estimated job outruns its runtime in the profile.
+if BACKEND.on_gpus and workflow.is_main_process:
     from calibrl import plan as P
 
     _rows, _trains = P.plan(config)

@@ -18,7 +18,7 @@ rule aggregate:
     input:
         evals=ALL_EVALS,
         metrics=ALL_METRICS,
-        toy=res("toy/verdicts.csv"),
+        toy=res("toy/claims.csv"),
     output:
         done=res("aggregate.json"),
         claims=report(
@@ -107,7 +107,7 @@ rule grid_mlflow:
         seed=GRID["seed"],
         trainer=GRID["trainer"],
         architectures={m: {k: v for k, v in a.items() if k != "memory"} for m, a in GRID["models"].items()},
-        methods={m: GRID["methods"][m] for m in sorted({r.method for r in RUNS})},
+        methods={m: G.method(config, m).to_dict() for m in sorted({r.method for r in RUNS})},
         tables=GRID["tables"],
         train=GRID["train"],
         eval=GRID["eval"],

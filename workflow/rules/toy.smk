@@ -37,6 +37,7 @@ rule toy_verdicts:
             labels={"figure": "verdicts"},
         ),
         csv=res("toy/verdicts.csv"),
+        claims=res("toy/claims.csv"),
     params:
         toy=config["toy"],
         figures=TOY_FIGURES,

@@ -1,10 +1,13 @@
-# Training: the warm start (supervised fine-tuning of a fresh tiny Qwen3) and one RL run per
-# (model, method, seed). Weights live under ckpt/ undeclared, so a failed job keeps them and resumes;
-# Snakemake tracks the small per-checkpoint markers. Checkpoints are stamped with the fingerprint of the
-# run's params: a job whose settings changed sets the old ones aside and trains from scratch
-# (calibrl.checkpoints).
+# Training: the run's identity (settings.json), then its training in segments, each one job that resumes from the
+# previous segment's checkpoint; what a run trains from and what a job asks SLURM for are its backend's
+# (calibrl.backends: the CPU trainer warm-starts tiny models and trains a run in one job; OpenRLHF trains Hub models
+# in SLURM-sized segments of grid.models.<model>.resources.segment_steps). Weights live under ckpt/ undeclared, so
+# a failed job keeps them and resumes; Snakemake tracks the small segment markers. Checkpoints are stamped with the
+# fingerprint of the run's settings.json: a job whose settings changed sets the old ones aside and trains from
+# scratch (calibrl.checkpoints).
 
 
+# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 (Hub models need none).
 rule warmstart:
     input:
         train=res("data/train.jsonl"),
@@ -23,15 +26,18 @@ rule warmstart:
         "../../scripts/warmstart.py"
 
 
-# The run's identity: its config slice and the digests of its inputs (calibrl.checkpoints.stamp). Training
-# and evaluation read it, so a changed setting or input reruns both; a resumed run reruns neither.
+# The run's identity: its config slice (with the compiled method) and the digests of its inputs
+# (calibrl.checkpoints.stamp), and beside them where the inputs are and how the run is laid out: the only thing a
+# backend reads. Training and evaluation read it, so a changed setting or input reruns both; a resumed run reruns
+# neither.
 rule run_settings:
     input:
-        unpack(train_inputs),
+        unpack(run_inputs),
     output:
         res("runs/{model}/{method}/s{seed}/settings.json"),
     params:
         settings=train_params,
+        resources=run_resources,
     log:
         res("logs/run_settings/{model}/{method}/s{seed}.log"),
     localrule: True
@@ -41,90 +47,50 @@ rule run_settings:
         "../../scripts/run_settings.py"
 
 
-if LOCAL:
-
-    rule train:
-        input:
-            unpack(train_inputs),
-            settings=run_settings,
-            splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS) if INLINE_EVAL else [],
-        output:
-            markers=expand(
-                res("runs/{{model}}/{{method}}/s{{seed}}/ckpt/step_{step}.done"), step=EVAL_STEPS
-            ),
-            metrics=res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
-            # CPU evaluator too: the checkpoints' evaluations, made in the same job once trained (INLINE_EVAL)
-            evals=expand(res("runs/{{model}}/{{method}}/s{{seed}}/eval/step_{step}.json"), step=EVAL_STEPS)
-            if INLINE_EVAL
-            else [],
-        params:
-            steps=G.run_length(config),  # how far, not what: a longer run resumes the shorter one's checkpoints
-            run_dir=run_dir,
-            # INLINE_EVAL: how the checkpoints are evaluated; a change reruns the job, which resumes from its
-            # last checkpoint (nothing to train) and evaluates again
-            evaluation=EVAL_PARAMS if INLINE_EVAL else None,
-            split_names=EVAL_SPLITS,
-            eval_steps=EVAL_STEPS,
-        log:
-            res("logs/train/{model}/{method}/s{seed}.log"),
-        threads: 1
-        resources:
-            grading_workers=WORKERS,
-        priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
-        conda:
-            "../../envs/local.yaml"
-        script:
-            "../../scripts/train.py"
-
-else:
-
-    # Paper scale: a run trains in segments (grid.models.<model>.resources.segment_steps), each one SLURM job
-    # that fits the time limit and resumes from the previous segment's checkpoint; a segment's checkpoints are
-    # evaluated while the next one trains. The request (nodes, GPUs per node) comes from the run's layout
-    # (calibrl.layout), which the config check has matched against Ray's demand.
-    rule train:
-        input:
-            unpack(train_inputs),
-            settings=run_settings,
-            previous=previous_segment,
-        output:
-            res("runs/{model}/{method}/s{seed}/ckpt/segment_{end}.done"),
-        params:
-            steps=G.run_length(config),
-            end=lambda wildcards: int(wildcards.end),
-            layout=layout_params,  # how, not what: no part of the fingerprint
-            run_dir=run_dir,
-        log:
-            res("logs/train/{model}/{method}/s{seed}/segment_{end}.log"),
-        threads: 1
-        resources:
-            grading_workers=WORKERS,
-            nodes=lambda wildcards: train_request(wildcards)["nodes"],
-            gres=lambda wildcards: train_request(wildcards)["gres"],
-        priority: 10
-        conda:
-            "../../envs/cluster-train.yaml"
-        script:
-            "../../scripts/train.py"
-
-    # OpenRLHF's TensorBoard scalars as the run's metrics.jsonl, once its last segment has trained.
-    rule train_metrics:
-        input:
-            last_segment,
-        output:
-            res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
-        params:
-            run_dir=run_dir,
-        log:
-            res("logs/train_metrics/{model}/{method}/s{seed}.log"),
-        conda:
-            "../../envs/cluster-train.yaml"
-        script:
-            "../../scripts/train_metrics.py"
+# One segment of a run: up to step {end} (the CPU backend: the whole run). A checkpoint's evaluation waits for the
+# segment that trains it, so at paper scale a segment's checkpoints are evaluated while the next one trains.
+rule train:
+    input:
+        unpack(run_inputs),
+        settings=run_settings,
+        previous=previous_segment,
+    output:
+        res("runs/{model}/{method}/s{seed}/ckpt/segment_{end}.done"),
+    params:
+        end=lambda wildcards: int(wildcards.end),
+    log:
+        res("logs/train/{model}/{method}/s{seed}/segment_{end}.log"),
+    threads: 1
+    resources:
+        grading_workers=WORKERS,
+        nodes=lambda wildcards: train_request(wildcards).get("nodes", 1),
+        gres=lambda wildcards: train_request(wildcards).get("gres", ""),
+    priority: 10  # longer than evaluations: with a fixed number of cores, long jobs first finish soonest
+    conda:
+        BACKEND.env
+    script:
+        "../../scripts/train.py"
 
 
-# Paper scale, filtering baseline (Table 5): every training query's success rate under the initial model,
-# sampled with vLLM once per model and shared by the seeds that drop the easiest share.
+# The run's training metrics (per step) as metrics.jsonl, once its last segment has trained.
+rule train_metrics:
+    input:
+        last_segment,
+        settings=run_settings,
+    output:
+        res("runs/{model}/{method}/s{seed}/metrics.jsonl"),
+    log:
+        res("logs/train_metrics/{model}/{method}/s{seed}.log"),
+    localrule: True
+    conda:
+        "../../envs/local.yaml"
+    script:
+        "../../scripts/train_metrics.py"
+
+
+# Table 5's filtering baseline at paper scale: every training query's success rate under the initial model, sampled
+# with the evaluator's engines once per model and shared by the seeds that drop the easiest share (the CPU trainer
+# ranks its queries in the training job itself).
 rule rank_train:
     input:
         train=res("data/train.jsonl"),

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -43,6 +42,7 @@ from typing import Any
 
 from calibrl.data.benchmarks import BenchmarkSpec, Normalised, get_spec
 from calibrl.data.records import DataError, write_jsonl
+from calibrl.io import write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +262,7 @@ def _remember_ref(cache_dir: str | Path | None, repo_id: str, revision: str, sha
     try:
         if ref.is_file() and ref.read_text().strip() == sha:
             return
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ref.with_name(f"{ref.name}.{os.getpid()}.tmp")
-        tmp.write_text(sha)
-        os.replace(tmp, ref)
+        write_text(ref, sha)
     except OSError as exc:
         log.warning("could not record %s -> %s in the HF cache: %s", revision, sha, exc)
 
@@ -376,21 +373,6 @@ def _from_local(spec: BenchmarkSpec, local_files: str | Path) -> tuple[Path, lis
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            json.dump(obj, fh, indent=2, ensure_ascii=False, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _versions() -> dict[str, str]:
     out = {}
     for name in ("huggingface_hub", "pyarrow"):
@@ -493,6 +475,6 @@ def download(
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": _versions(),
     }
-    _write_json_atomic(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     log.info("%s: wrote %d records to %s (%s, revision %s)", key, n_written, out_path, origin, sha)
     return manifest

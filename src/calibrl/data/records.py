@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
+
+from calibrl.io import write_text
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,6 @@ def record_problem(record: object) -> tuple[str, str] | None:
     if "verifier" in record and not isinstance(record["verifier"], dict):
         return WRONG_TYPE, f"key 'verifier' must be an object, got {type(record['verifier']).__name__}"
     return None
-
-
-def validate_record(record: object) -> None:
-    """Raise :class:`DataError` if ``record`` breaks the schema (uniqueness of ids is a file property)."""
-    problem = record_problem(record)
-    if problem is not None:
-        raise DataError(problem[1])
 
 
 def _reject_constant(name: str):
@@ -176,8 +169,8 @@ def write_jsonl(path: str | Path, records: Iterable[Mapping]) -> int:
 
     Every record is validated first (and ids must be unique), so a bad record raises
     :class:`DataError` and leaves any existing file untouched. The rows go to a temporary file in the
-    target's directory, which is flushed, fsynced and then renamed onto ``path`` with ``os.replace``;
-    parent directories are created as needed.
+    target's directory, flushed and renamed onto ``path`` (``calibrl.io.atomic_path``); parent directories are
+    created as needed.
     """
     path = Path(path)
     lines: list[str] = []
@@ -194,30 +187,5 @@ def write_jsonl(path: str | Path, records: Iterable[Mapping]) -> int:
             lines.append(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         except (TypeError, ValueError) as exc:
             raise DataError(f"record {index} for {path}: not JSON-serialisable: {exc}") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.writelines(lines)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
+    write_text(path, "".join(lines))
     return len(lines)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (best effort: not every platform can open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -6,10 +6,10 @@ One module per idea: ``load`` (result files), ``tables`` (Tables 2-5, peak repor
 distinct answers, entropy with bands), ``summary``, and the jobs the rules call (``jobs``, ``mlflow_view``).
 """
 
+from calibrl.io import write_markdown
 from calibrl.report.figures import figure6, figure6_reference, plot_over_steps
 from calibrl.report.load import load_evals, load_per_problem, load_train_metrics, metrics
 from calibrl.report.paper import KEYS, beside_paper, long_form, paper_checks, render_beside, write_beside
-from calibrl.report.render import write_markdown
 from calibrl.report.summary import noise_table, render_summary
 from calibrl.report.tables import TITLES, build_tables, peak_table, to_markdown, write_tables
 

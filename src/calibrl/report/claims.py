@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from calibrl import stats as S
 from calibrl.metrics import pass_at_k
-from calibrl.report import stats as S
 from calibrl.report.load import metrics
 
 COLUMNS = ["claim", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "p", "p_holm", "verdict"]

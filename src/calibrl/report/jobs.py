@@ -7,23 +7,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrl.io import outputs, write_csv, write_json
+from calibrl.io import outputs, write_csv, write_json, write_markdown
 from calibrl.report import claims as C
 from calibrl.report import figures as F
 from calibrl.report import load as L
 from calibrl.report import paper, sharpening, summary, tables
-from calibrl.report.render import write_markdown
 
 log = logging.getLogger("calibrl.report")
 
 
 def toy_claims(toy_csv: str | None) -> pd.DataFrame:
-    """The toy's claims (one row each) from its comparisons (``results/toy/verdicts.csv``), if given."""
-    if not toy_csv:
-        return pd.DataFrame(columns=C.COLUMNS[:-2])
-    from calibrl.toy.verdicts import claims_rows
-
-    return claims_rows(pd.read_csv(toy_csv))
+    """The toy's claims (one row each, ``results/toy/claims.csv`` of rule toy_verdicts), if given."""
+    return pd.read_csv(toy_csv) if toy_csv else pd.DataFrame(columns=C.COLUMNS[:-2])
 
 
 def aggregate_job(

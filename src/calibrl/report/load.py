@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrl.grid import Run
+from calibrl.runs import Run
 
 
 def metrics(grid: dict) -> dict[str, str]:

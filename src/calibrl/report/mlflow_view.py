@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrl import grid as G
 from calibrl.io import outputs, write_json
 from calibrl.report import load as L
+from calibrl.runs import Run
 
 log = logging.getLogger("calibrl.report")
 
@@ -40,7 +40,7 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
     skip = {"model", "method", "seed", "step", "seconds"}
     records = []
     for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
-        m = G.method({"grid": grid}, method)
+        m = grid["methods"][method]  # the compiled spec (calibrl.spec.MethodSpec.to_dict)
         metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
         tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
         for col in [c for c in tr.columns if c not in skip and pd.api.types.is_numeric_dtype(tr[c])]:
@@ -52,13 +52,13 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                 artifacts += [(p, "tables") for p in sorted((out / "tables").glob(f"{name}_vs_paper.*"))]
         records.append(
             RunRecord(
-                key=f"grid/{G.Run(model, method, seed).path}",
+                key=f"grid/{Run(model, method, seed).path}",
                 name=f"{method} s{seed} ({model})",
                 params={
                     "model": model,
                     "method": method,
                     "seed": seed,
-                    **m.to_dict(),
+                    **m,
                     **{f"arch.{k}": v for k, v in architectures.get(model, {}).items()},
                     **config_params,
                 },
@@ -66,8 +66,8 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                     "part": "grid",
                     "model": model,
                     "method": method,
-                    "alpha": m.iac_alpha,
-                    "mu": m.dlc_mu,
+                    "alpha": m["iac_alpha"],
+                    "mu": m["dlc_mu"],
                     "seed": seed,
                     "table": ",".join(tables),
                     "trainer": grid["trainer"],

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrl.io import write_csv
+from calibrl.io import write_csv, write_markdown
 from calibrl.report.load import metrics
-from calibrl.report.render import write_markdown
 from calibrl.report.tables import TITLES
 
 KEYS = ["table", "model", "method", "benchmark", "metric"]

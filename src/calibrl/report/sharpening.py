@@ -20,9 +20,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats as st  # noqa: E402
 
+from calibrl import stats as S  # noqa: E402
 from calibrl.io import atomic_path  # noqa: E402
 from calibrl.metrics import pass_at_k  # noqa: E402
-from calibrl.report import stats as S  # noqa: E402
 from calibrl.report.claims import sample_of  # noqa: E402
 
 BAND_REPS = 400

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from calibrl import stats as S
 from calibrl.report import claims as C
-from calibrl.report import stats as S
 from calibrl.report.load import metrics
 from calibrl.report.paper import CELLS_NOTE, ORDER_NOTE
 from calibrl.report.tables import peak_table

@@ -28,9 +28,10 @@ def figure_job(figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_cs
     plot_figure(figure, curves, plot_png)
 
 
-def verdicts_job(seed_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: str) -> pd.DataFrame:
+def verdicts_job(seed_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: str, claims_path: str) -> pd.DataFrame:
     """Verdicts from every seed's trajectory (each figure's ``seeds.csv.gz``, paired across configurations).
-    ``csv_path``: every comparison, from which the aggregation takes the toy's rows of claims.csv."""
+    ``csv_path``: every comparison; ``claims_path``: one row per claim in the layout of ``results/claims.csv``,
+    which the aggregation reads."""
     seeds = {fig: V.per_seed(read_table(path)) for fig, path in seed_csvs.items()}
     comp = V.comparisons(seeds)
     summary = V.verdicts(comp)
@@ -47,10 +48,11 @@ def verdicts_job(seed_csvs: dict[str, str], cfg: dict, md_path: str, csv_path: s
         "memory_lr",
     )
     settings = {k: cfg[k] for k in keys}
-    from calibrl.report import write_markdown  # the .md and an .html twin for the Snakemake report
+    from calibrl.io import write_markdown  # the .md and an .html twin for the Snakemake report
 
     write_markdown(md_path, V.render_markdown(comp, summary, settings))
     write_csv(csv_path, comp)
+    write_csv(claims_path, V.claims_rows(comp))
     for _, row in summary.iterrows():
         log.info("verdict: %s -> %s (%d/%d held)", row["statement"], row["verdict"], row["held"], row["tested"])
     return summary

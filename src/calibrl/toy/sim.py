@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibrl.advantages import compute_advantages
-from calibrl.dlc import calibrated_logits, memory_loss
+from calibrl.algo.advantages import advantages
+from calibrl.algo.dlc import calibrated_logits, memory_loss
 
 LABELS = ("cat", "dog", "persian", "siamese")
 CORRECT_FOR_PERSIAN = (0, 2)  # Cat (superclass) and Persian (subclass) earn reward 1
@@ -148,7 +148,7 @@ def run(setting: ToySetting) -> pd.DataFrame:
                 torch.softmax(sample_logits, -1), setting.group_size, replacement=True, generator=gen
             )  # (seeds, G)
             rewards = correct[sampled]
-            adv = compute_advantages(rewards.unsqueeze(1), setting.estimator, setting.iac_alpha).squeeze(1)
+            adv = advantages(rewards.unsqueeze(1), setting.estimator, setting.iac_alpha).squeeze(1)
         logp = torch.log_softmax(logits, dim=-1).gather(-1, sampled)
         loss = -(adv * logp).mean(dim=-1).sum()  # sum over seeds: each seed gets its own gradient
         opt.zero_grad(set_to_none=False)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-from calibrl.report.stats import LEVEL, holm
+from calibrl.stats import LEVEL, holm
 from calibrl.toy.figures import FACTOR_COLUMNS, dominance
 
 # Smallest effect that counts, per metric: 0.01 of dominance (0.5 balanced .. 1 collapsed) or of held-out

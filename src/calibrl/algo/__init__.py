@@ -1,0 +1,6 @@
+"""The algorithm core: every formula of the methods once, each citing the paper or the recipe it follows.
+
+``advantages`` (estimators and IAC), ``losses`` (policy loss, KL, aggregation), ``dapo`` (shaping, dynamic
+sampling), ``dlc`` (calibrated logits, memory loss), ``filtering`` (Table 5's baseline), over the named
+``registry`` they are selected through. It imports torch and nothing of the project above it.
+"""

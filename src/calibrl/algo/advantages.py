@@ -1,0 +1,158 @@
+"""Advantage estimators and Inverse-success Advantage Calibration (IAC, Section 3.1).
+
+An estimator maps rewards of shape ``(..., groups, G)`` to advantages of the same shape: the last axis holds the
+G responses sampled for one query, the axis before it the queries of one batch, and leading axes are independent
+batches (the toy vectorises seeds there). It has two stages, as in verl's ``core_algos.py`` and OpenRLHF's
+``compute_advantages_and_returns``: a *group* baseline (per query), then optionally a *batch* transform
+(Reinforce++'s whitening over the batch). IAC is a transform of the group advantages of any estimator, applied
+between the two stages (Algorithm 1 lines 11-18): ``advantages(r) = batch(iac(group(r), alpha))``.
+
+A new estimator is one decorated function::
+
+    @estimator("my_baseline")
+    def my_baseline(rewards):            # (..., groups, G) -> (..., groups, G)
+        return rewards - rewards.median(dim=-1, keepdim=True).values
+
+after which ``grid.methods.<name>.estimator: my_baseline`` is a valid config (the schema's enum is this
+registry) and the CPU trainer uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from calibrl.algo.registry import Registry
+
+EPS = 1e-6
+"""Added to standard deviations, as verl and OpenRLHF do, so all-equal groups give 0 not NaN."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    group: Callable[[torch.Tensor], torch.Tensor]
+    batch: Callable[..., torch.Tensor] | None = None  # (advantages, weights=None) -> advantages
+
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def estimator(name: str, *aliases: str, batch: Callable[..., torch.Tensor] | None = None):
+    """Register the decorated group-baseline function as estimator ``name`` (``batch``: a batch transform
+    applied after IAC). Returns the function unchanged."""
+
+    def add(fn: Callable[[torch.Tensor], torch.Tensor]):
+        ESTIMATORS.register(name, *aliases)(Estimator(fn, batch))
+        return fn
+
+    return add
+
+
+def whiten(advantages: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Batch whitening over the last two axes (the ``groups x G`` values of one batch): minus the mean, over
+    the unbiased standard deviation, as OpenRLHF's ``reinforce_baseline`` and verl's
+    ``reinforce_plus_plus_baseline`` do. ``weights`` (same shape, e.g. each response's token count) weigh each
+    value as that many tokens, the references' whitening over every token of the batch; None weighs responses
+    equally."""
+    flat = advantages.flatten(start_dim=-2)
+    if weights is None:
+        mean = flat.mean(dim=-1, keepdim=True)
+        std = flat.std(dim=-1, keepdim=True, correction=1) if flat.shape[-1] > 1 else torch.zeros_like(mean)
+    else:
+        w = weights.to(flat.dtype).flatten(start_dim=-2)
+        total = w.sum(dim=-1, keepdim=True)
+        mean = (w * flat).sum(dim=-1, keepdim=True) / total
+        std = ((w * (flat - mean) ** 2).sum(dim=-1, keepdim=True) / (total - 1).clamp(min=1)).sqrt()
+    return (advantages - mean.unsqueeze(-1)) / (std.unsqueeze(-1) + EPS)
+
+
+@estimator("raw")
+def raw_reward(rewards: torch.Tensor) -> torch.Tensor:
+    """A = r: the raw verifiable reward used as advantage (Section 2.4, "raw reward")."""
+    return rewards.clone()
+
+
+@estimator("mean")
+def mean_shifted(rewards: torch.Tensor) -> torch.Tensor:
+    """A = r - mean_G(r): the group-mean baseline (Section 2.4, "mean-shifted")."""
+    return rewards - rewards.mean(dim=-1, keepdim=True)
+
+
+@estimator("grpo", "norm")
+def grpo_normalized(rewards: torch.Tensor) -> torch.Tensor:
+    """A = (r - mean_G(r)) / (std_G(r) + eps): GRPO's normalized advantage (Section 2.4, Theorem 2.3).
+
+    ``std`` is the unbiased sample standard deviation (Bessel's correction), as GRPO's reference implementations
+    in verl (``torch.std``) and OpenRLHF (``group_norm``); Theorem 2.3 calls it the empirical standard deviation.
+    """
+    centered = mean_shifted(rewards)
+    std = rewards.std(dim=-1, keepdim=True, correction=1) if rewards.shape[-1] > 1 else 0.0
+    return centered / (std + EPS)
+
+
+@estimator("rloo")
+def rloo(rewards: torch.Tensor) -> torch.Tensor:
+    """A_s = r_s - (sum_{j != s} r_j) / (G - 1): the leave-one-out baseline (Kool et al., 2019; OpenRLHF ``rloo``)."""
+    g = rewards.shape[-1]
+    if g < 2:
+        raise ValueError("RLOO needs a group size G >= 2")
+    total = rewards.sum(dim=-1, keepdim=True)
+    return rewards - (total - rewards) / (g - 1)
+
+
+@estimator("rpp", batch=whiten)
+def reinforce_pp_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """Reinforce++ with baseline (Hu et al.): the group mean subtracted here, the batch whitened after IAC."""
+    return mean_shifted(rewards)
+
+
+@estimator("drgrpo")
+def drgrpo(rewards: torch.Tensor) -> torch.Tensor:
+    """Dr. GRPO (Liu et al., 2025): the group-mean baseline without the std division. Its other half, token sums
+    over a constant instead of per-response means, is a loss aggregation (``calibrl.algo.losses``)."""
+    return mean_shifted(rewards)
+
+
+def iac_factor(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The inverse-success factor (G - |S+|)^alpha of each group (Algorithm 1, lines 11-14).
+
+    ``S+ = {s : A_s > 0}`` (Algorithm 1 line 11), on the group-baseline advantages, is the one definition used
+    everywhere (toy, CPU trainer, OpenRLHF patch). Section 3.1 and line 12 call |S+| the success count: with
+    binary rewards and a group baseline the two agree in every group with both outcomes (A > 0 exactly for the
+    correct samples), and in a group without both every A is 0, so nothing is scaled under either reading. They
+    differ only for shaped rewards (DAPO's overlong penalty): a correct but overlong response below its group's
+    mean is not a positive sample, and is neither scaled nor counted, matching Section 3.1's "we only calibrate
+    the advantages of positive samples". ``0 ** 0 == 1``, so alpha = 0 gives a factor of exactly 1 everywhere.
+    """
+    if alpha < 0:
+        raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
+    g = advantages.shape[-1]
+    n_pos = (advantages > 0).sum(dim=-1, keepdim=True).to(advantages.dtype)
+    return torch.pow(g - n_pos, alpha)
+
+
+def iac(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
+    """IAC (Section 3.1, Algorithm 1 lines 11-18): ``A~(q, o+) = A(q, o+) * (G - |S+|)^alpha`` for every positive
+    advantage; negative and zero advantages unchanged. ``alpha == 0`` returns the input bit for bit."""
+    if alpha < 0:
+        raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
+    if alpha == 0:
+        return advantages.clone()
+    return torch.where(advantages > 0, advantages * iac_factor(advantages, alpha), advantages)
+
+
+def advantages(
+    rewards: torch.Tensor, estimator: str, iac_alpha: float = 0.0, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Estimator ``estimator`` of ``rewards`` (..., groups, G) with IAC at ``iac_alpha`` (0: uncalibrated) on its
+    group advantages, before its batch transform (``weights``: see :func:`whiten`). OpenRLHF's code has the same
+    order (``calibrl.backends.openrlhf.iac``: IAC on the group advantages, then OpenRLHF whitens)."""
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+    est = ESTIMATORS[estimator]
+    calibrated = iac(est.group(rewards), iac_alpha)
+    if est.batch is None:
+        return calibrated
+    return est.batch(calibrated) if weights is None else est.batch(calibrated, weights)

@@ -1,0 +1,68 @@
+"""Trainers behind one protocol. A backend is a subpackage here whose ``BACKEND`` implements :class:`Backend`;
+its folder name is its ``grid.trainer`` value (the config schema's enum is read from :func:`names`).
+
+The workflow asks a backend what a run needs before any job (its input files, its segments, its SLURM request,
+the config keys it refuses), and its jobs hand it a run's ``settings.json`` (``calibrl.checkpoints.stamp``: the
+compiled method, the settings, the input files) and nothing else. ``calibrl.backends.jobs`` holds the jobs the
+rules call. Adding a backend: a folder with a ``BACKEND``; nothing else in the project changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+from typing import Protocol
+
+from calibrl.runs import Run
+from calibrl.spec import MethodSpec
+
+
+class Backend(Protocol):
+    name: str
+    on_gpus: bool  # runs on a GPU cluster: the planner prices it, the preflight job checks its nodes
+    extends_runs: bool  # a longer run resumes a shorter one's checkpoints (its length is no part of its identity)
+    env: str  # the conda environment of its jobs (``--sdm conda``), relative to the workflow's rules
+    ignored: dict[str, str]  # dotted keys under grid this backend never reads -> why (set, they are refused)
+
+    def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
+        """(dotted key, what is wrong) for what this backend cannot run; ``grid`` has its defaults filled in."""
+
+    def model_file(self, model: str) -> str:
+        """The file under the results folder that names model ``model``'s folder (the rule making it prepares it)."""
+
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
+        """A run's input files under the results folder besides its data: ``init`` (the policy), ``memory``
+        (DLC), ``success`` (the filtering baseline's ranking, where a job of its own makes it)."""
+
+    def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
+        """The steps at which the run's training jobs end, the last one ``grid.train.steps``."""
+
+    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        """What one training job asks SLURM for beyond the profile's defaults (``nodes``, ``gres``)."""
+
+    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
+        """How the run is laid out on its hardware: carried by ``settings.json``, no part of its identity."""
+
+    def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
+        """Train the run of ``settings_path`` up to step ``stop_at``, resuming from its last checkpoint; called
+        under the run's lock once its folder is claimed for these settings (``calibrl.backends.jobs``)."""
+
+    def metrics(self, run_dir: str, out_path: str) -> None:
+        """The run's per-step training metrics as JSON lines (``step`` and the scalars) into ``out_path``."""
+
+    def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
+        """Remove an evaluated checkpoint where the backend's checkpoints are large (``grid.retention``)."""
+
+
+@cache
+def names() -> list[str]:
+    """The backends there are: the subpackages of this package."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name`` (its folder), imported on first use."""
+    if name not in names():
+        raise ValueError(f"unknown trainer {name!r}; the backends are {names()}")
+    return importlib.import_module(f"{__name__}.{name}").BACKEND

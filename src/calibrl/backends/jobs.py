@@ -1,0 +1,32 @@
+"""The jobs of rules train and train_metrics, for every backend: the run's ``settings.json`` says which."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from calibrl import backends, checkpoints
+from calibrl.io import write_json
+from calibrl.runs import checkpoint_steps
+
+log = logging.getLogger("calibrl.backends")
+
+
+def train_job(settings_path: str, stop_at: int, marker: str, threads: int = 1, workers: int = 1) -> None:
+    """Train the run of ``settings_path`` up to step ``stop_at`` under the run's lock, resuming from its last
+    checkpoint when that was made with the same settings and inputs (``calibrl.checkpoints.claim``), then write
+    ``marker`` (JSON: the segment's end, its checkpoints' steps, the fingerprint) that evaluations wait for."""
+    stamp = checkpoints.read_stamp(settings_path)
+    run_dir = Path(settings_path).parent
+    backend = backends.get(stamp["settings"]["backend"])
+    with checkpoints.run_lock(run_dir):
+        checkpoints.claim(run_dir, stamp)
+        backend.train(str(settings_path), int(stop_at), threads, workers)
+    steps = checkpoint_steps(stamp["settings"]["train"]["eval_every"], stop_at)
+    write_json(marker, {"end": int(stop_at), "steps": steps, "fingerprint": stamp["fingerprint"]})
+
+
+def metrics_job(settings_path: str, out_path: str) -> None:
+    """The run's training metrics as ``metrics.jsonl`` once its last segment has trained (rule train_metrics)."""
+    stamp = checkpoints.read_stamp(settings_path)
+    backends.get(stamp["settings"]["backend"]).metrics(str(Path(settings_path).parent), out_path)

@@ -1,0 +1,90 @@
+"""The CPU backend: tiny Qwen3 models warm-started here (``warmstart``) and trained by the compact trainer
+(``trainer``), in one process per run, every formula from ``calibrl.algo``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calibrl.runs import Run
+from calibrl.spec import MethodSpec, TrainSettings
+
+METRICS = Path("ckpt") / "metrics.jsonl"
+"""The trainer's per-step log, relative to the run folder; rule train_metrics publishes it as ``metrics.jsonl``."""
+
+
+class LocalBackend:
+    name = "local"
+    on_gpus = False
+    # The trainer's first k steps do not depend on how many follow (constant learning rate, data order from the
+    # seed), so a longer run resumes a shorter one's checkpoints.
+    extends_runs = True
+    env = "../../envs/local.yaml"
+    ignored = {
+        "retention": "the CPU trainer's checkpoints are small and resumed from",
+        "models_dir": "tiny models are built here, never downloaded",
+    }
+
+    def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
+        out = []
+        if "warmstart" not in grid:
+            out.append(("grid.warmstart", "required when grid.trainer is local (tiny models are warm-started)"))
+        for kind in ("models", "memory_models"):
+            for name, spec in grid[kind].items():
+                if "hf_id" in spec:
+                    what = "trainer local builds tiny models: give an architecture, not hf_id"
+                    out.append((f"grid.{kind}.{name}", what))
+        return out
+
+    def model_file(self, model: str) -> str:
+        return f"models/{model}/init.json"  # rule warmstart
+
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
+        out = {"init": self.model_file(run.model)}
+        if spec.uses_dlc:
+            out["memory"] = self.model_file(grid["models"][run.model]["memory"])
+        return out  # the filtering baseline ranks its queries in the training job, at step 0
+
+    def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
+        return [int(grid["train"]["steps"])]
+
+    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        return {}
+
+    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
+        return None
+
+    def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
+        import torch
+
+        from calibrl.backends.local.trainer import Trainer
+        from calibrl.data.records import read_jsonl
+        from calibrl.tasks import Scorer
+
+        stamp = json.loads(Path(settings_path).read_text())
+        s, paths = stamp["settings"], stamp["paths"]
+        torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
+        records = read_jsonl(paths["train"], on_error=s["on_error"])
+        with Scorer(workers=workers) as scorer:
+            Trainer(
+                MethodSpec.from_dict(s["method"]),
+                TrainSettings.from_config({**s["train"], "steps": stop_at}),
+                records,
+                paths["init"],
+                Path(settings_path).parent,
+                scorer,
+                seed=s["seed"],
+                memory_dir=paths.get("memory"),
+                template=s["template"],
+            ).run()
+
+    def metrics(self, run_dir: str, out_path: str) -> None:
+        from calibrl.io import write_text
+
+        write_text(out_path, (Path(run_dir) / METRICS).read_text(encoding="utf-8"))
+
+    def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
+        return False  # small, and resumed from
+
+
+BACKEND = LocalBackend()

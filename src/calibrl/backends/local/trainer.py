@@ -1,0 +1,406 @@
+"""The compact single-process RLVR trainer of the CPU backend, readable top to bottom.
+
+One step (Algorithm 1), every formula from ``calibrl.algo`` and every switch from the run's ``MethodSpec``:
+  1. take the next prompts; sample G responses each with the KV-cache sampler (from
+     ``softmax(f_theta - mu f_phi)`` when DLC is on);
+  2. grade them (binary verifiable reward; DAPO adds its overlong shaping);
+  3. advantages from the method's estimator, IAC on its group advantages; DAPO's dynamic sampling drops groups
+     without signal and samples more prompts to refill the batch;
+  4. PPO-clip policy loss with dual clip, KL to the reference when the spec has one, aggregated as the spec says,
+     AdamW with weight decay, gradient clipping, over ``ppo_minibatches`` minibatches;
+  5. DLC: the memory model takes a cross-entropy step on every sampled response;
+  6. every ``eval_every`` steps: a Hugging Face checkpoint, the full trainer state (optimizers, memory, RNG, data
+     cursor) for resuming, and a small marker file.
+Per-step metrics go to ``ckpt/metrics.jsonl`` (``METRICS``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from calibrl.algo import dapo, filtering
+from calibrl.algo.advantages import advantages
+from calibrl.algo.dlc import importance_weights, memory_loss
+from calibrl.algo.losses import KL_ESTIMATORS, aggregate, policy_loss
+from calibrl.backends.local import METRICS
+from calibrl.checkpoints import write_marker
+from calibrl.io import atomic_path, remove_temporaries, write_json
+from calibrl.logs import Progress
+from calibrl.models import load, save
+from calibrl.runs import checkpoint_steps
+from calibrl.sampling import Rollout, position_ids_from_mask, sample
+from calibrl.spec import MethodSpec, TrainSettings
+from calibrl.tasks import format_prompt
+
+log = logging.getLogger("calibrl.train")
+
+Scorer = Callable[[Sequence[str], Sequence[dict]], list[tuple[bool, str | None]]]
+"""(responses, records) -> (correct, canonical answer or None) per response."""
+
+
+def token_logprobs(model, rollout: Rollout) -> torch.Tensor:
+    """Log-probs (B, T) of the response tokens under ``model`` (temperature 1), one full forward pass."""
+    mask = rollout.attention_mask
+    out = model(input_ids=rollout.sequences, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+    logits = out.logits[:, rollout.prompt_len - 1 : -1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, rollout.responses.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class Batch:
+    rollout: Rollout
+    rewards: torch.Tensor  # (B,) float, after shaping
+    correct: torch.Tensor  # (B,) bool
+    canon: list[str | None]
+    advantages: torch.Tensor  # (B,)
+    prompts: list[dict]
+
+
+class Trainer:
+    """Owns the models, optimizers, data order and RNG of one run; ``run(steps)`` trains up to ``steps``."""
+
+    def __init__(
+        self,
+        spec: MethodSpec,
+        settings: TrainSettings,
+        train_records: list[dict],
+        init_dir: str | Path,
+        out_dir: str | Path,
+        score: Scorer,
+        seed: int = 0,
+        memory_dir: str | Path | None = None,
+        template: str = "{problem}",
+    ):
+        self.spec, self.s, self.score, self.seed = spec, settings, score, seed
+        self.template = template
+        self.out = Path(out_dir)
+        self.ckpt_dir = self.out / "ckpt"
+        self.policy, self.tokenizer = load(init_dir)
+        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if spec.uses_kl else None
+        self.policy.train()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        self.memory = self.memory_opt = None
+        if spec.uses_dlc:
+            if memory_dir is None:
+                raise ValueError(f"method {spec.name!r} uses DLC (dlc_mu {spec.dlc_mu}) and needs a memory model")
+            self.memory, _ = load(memory_dir)
+            self.memory_opt = torch.optim.AdamW(self.memory.parameters(), lr=spec.memory_lr)
+        self.records = list(train_records)
+        self.generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.step = 0
+        self.cursor = 0  # position in the epoch-wise shuffled prompt order
+        self.pool: list[int] = list(range(len(self.records)))  # indices trained on (filtering shrinks it)
+        self._epoch_order: tuple[int, list[int]] = (-1, [])
+        self.history: list[dict] = []  # per-step metrics, saved in every checkpoint
+
+    # -------------------------------------------------------------------------------- data order
+    def _order(self, epoch: int) -> list[int]:
+        """The shuffled pool of one epoch: a function of (seed, epoch, pool) only, so resuming is exact."""
+        if self._epoch_order[0] != epoch:
+            order = list(self.pool)
+            random.Random(f"{self.seed}-{epoch}").shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
+
+    def _next_prompts(self, n: int) -> list[dict]:
+        out = []
+        while len(out) < n:
+            epoch, pos = divmod(self.cursor, len(self.pool))
+            out.append(self.records[self._order(epoch)[pos]])
+            self.cursor += 1
+        return out
+
+    def _sample(self, prompts: list[dict], n: int, dlc: bool) -> Rollout:
+        s = self.s
+        return sample(
+            self.policy,
+            self.tokenizer,
+            [format_prompt(p, self.template) for p in prompts],
+            n,
+            s.max_new_tokens,
+            s.temperature,
+            s.top_p,
+            memory=self.memory if dlc else None,
+            mu=self.spec.dlc_mu if dlc else 0.0,
+            generator=self.generator,
+        )
+
+    # ------------------------------------------------------------------------------- filtering
+    def filter_easiest(self) -> dict:
+        """Table 5's filtering baseline: drop the easiest ``filter_easiest`` share of training queries, ranked by
+        empirical success rate over ``filter_samples`` samples from the initial policy (Appendix I)."""
+        n = self.spec.filter_samples
+        rates = []
+        self.policy.eval()
+        progress = Progress("filtering: training queries ranked", len(self.records), log, every=10.0)
+        for i in range(0, len(self.records), 64):
+            chunk = self.records[i : i + 64]
+            roll = self._sample(chunk, n, dlc=False)
+            graded = self.score(roll.texts, [r for r in chunk for _ in range(n)])
+            ok = torch.tensor([c for c, _ in graded], dtype=torch.float32).view(len(chunk), n)
+            rates += ok.mean(-1).tolist()
+            progress.update(len(chunk))
+        self.policy.train()
+        self.pool = filtering.keep_indices(rates, self.spec.filter_easiest)
+        return filtering.summary(rates, self.pool)
+
+    # -------------------------------------------------------------------------------- one step
+    def _rollout(self, prompts: list[dict]) -> Batch:
+        g = self.s.group_size
+        self.policy.eval()
+        roll = self._sample(prompts, g, dlc=self.spec.uses_dlc)
+        self.policy.train()
+        graded = self.score(roll.texts, [p for p in prompts for _ in range(g)])
+        correct = torch.tensor([c for c, _ in graded])
+        rewards = correct.float()
+        if self.spec.overlong_cache is not None:  # DAPO's overlong shaping
+            lengths = roll.response_mask.sum(-1)
+            rewards = rewards + dapo.overlong_penalty(lengths, self.s.max_new_tokens, self.spec.overlong_cache)
+        adv = advantages(rewards.view(-1, g), self.spec.estimator, self.spec.iac_alpha).view(-1)
+        return Batch(roll, rewards, correct, [c for _, c in graded], adv, prompts)
+
+    def _dapo_keep(self, batch: Batch) -> torch.Tensor:
+        """DAPO's dynamic sampling: keep only groups whose rewards are not all equal (per prompt)."""
+        return dapo.informative_groups(batch.rewards.view(-1, self.s.group_size))
+
+    def _collect(self) -> tuple[list[Batch], list[Batch], dict]:
+        """Rollouts for one step: (batches to train on, every batch sampled, extra metrics).
+
+        With dynamic sampling, up to ``max_gen_batches`` batches are sampled until enough informative groups
+        are found."""
+        n = self.s.prompts_per_step
+        if not self.spec.dynamic_sampling:
+            batch = self._rollout(self._next_prompts(n))
+            return [batch], [batch], {}
+        kept_batches, sampled, kept, tried = [], [], 0, 0
+        for _ in range(self.spec.max_gen_batches):
+            batch = self._rollout(self._next_prompts(n))
+            sampled.append(batch)
+            keep = self._dapo_keep(batch)
+            tried += len(keep)
+            if keep.any():
+                kept_batches.append(self._select(batch, keep))
+                kept += int(keep.sum())
+            if kept >= n:
+                break
+        return kept_batches, sampled, {"dapo_groups_kept": kept, "dapo_groups_sampled": tried}
+
+    def _select(self, batch: Batch, keep_groups: torch.Tensor) -> Batch:
+        g = self.s.group_size
+        rows = keep_groups.repeat_interleave(g)
+        idx = rows.nonzero().squeeze(-1)
+        r = batch.rollout
+        sub = Rollout(
+            r.sequences[idx],
+            r.prompt_len,
+            r.response_mask[idx],
+            r.logprobs[idx],
+            r.entropy[idx],
+            [r.texts[i] for i in idx.tolist()],
+            r.attention_mask[idx],
+        )
+        return Batch(
+            sub,
+            batch.rewards[idx],
+            batch.correct[idx],
+            [batch.canon[i] for i in idx.tolist()],
+            batch.advantages[idx],
+            [p for p, k in zip(batch.prompts, keep_groups.tolist()) if k],
+        )
+
+    def _update(self, batches: list[Batch]) -> dict:
+        spec = self.spec
+        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        pieces = []
+        for b in batches:  # minibatches are made of whole groups, in order
+            n_groups = len(b.prompts)
+            per = max(1, math.ceil(n_groups / self.s.ppo_minibatches))
+            for start in range(0, n_groups, per):
+                rows = torch.arange(start * self.s.group_size, min(n_groups, start + per) * self.s.group_size)
+                pieces.append((b, rows))
+        with torch.no_grad():  # the behaviour policy's log-probs, fixed for all minibatches of this step
+            old = {id(b): token_logprobs(self.policy, b.rollout) for b in batches}
+            ref = {id(b): token_logprobs(self.reference, b.rollout) for b in batches} if spec.uses_kl else {}
+        for b, rows in pieces:
+            roll = b.rollout
+            sub = Rollout(
+                roll.sequences[rows],
+                roll.prompt_len,
+                roll.response_mask[rows],
+                roll.logprobs[rows],
+                roll.entropy[rows],
+                [],
+                roll.attention_mask[rows],
+            )
+            logp = token_logprobs(self.policy, sub)
+            pg, clipped = policy_loss(
+                logp, old[id(b)][rows], b.advantages[rows], spec.clip_low, spec.clip_high, spec.dual_clip
+            )
+            if spec.uses_dlc:  # DLC sampled from softmax(f~), not pi_theta (calibrl.algo.dlc.IMPORTANCE)
+                pg = pg * importance_weights(old[id(b)][rows], sub.logprobs, spec.dlc_importance)
+            per_token = pg
+            mask = sub.response_mask
+            if spec.uses_kl:
+                kl = KL_ESTIMATORS[spec.kl_estimator](logp, ref[id(b)][rows])
+                per_token = per_token + spec.kl_coef * kl
+                stats["kl"] += float((kl.detach() * mask).sum() / mask.sum().clamp(min=1)) / len(pieces)
+            loss = aggregate(per_token, mask, spec.loss_agg, self.s.max_new_tokens)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.s.grad_clip)
+            self.optimizer.step()
+            stats["loss"] += loss.item() / len(pieces)
+            stats["grad_norm"] += float(norm) / len(pieces)
+            stats["clip_frac"] += float((clipped * mask).sum() / mask.sum().clamp(min=1)) / len(pieces)
+        return stats
+
+    def _update_memory(self, batches: list[Batch]) -> float:
+        """Algorithm 1 lines 21-22: one cross-entropy step of m_phi on this step's sampled responses, the mean over
+        all their tokens (as the paper-scale memory actor takes it)."""
+        total = sum(int(b.rollout.response_mask.sum()) for b in batches)
+        loss = 0.0
+        for b in batches:
+            r = b.rollout
+            mask = r.attention_mask
+            logits = self.memory(
+                input_ids=r.sequences, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+            ).logits[:, r.prompt_len - 1 : -1]
+            targets = r.responses.masked_fill(~r.response_mask, -100)
+            loss = loss + memory_loss(logits.float(), targets, reduction="sum") / max(total, 1)
+        self.memory_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.memory_opt.step()
+        return float(loss.detach())
+
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        batches, sampled, extra = self._collect()
+        metrics = {"step": self.step + 1, **extra}
+        if batches:
+            metrics.update(self._update(batches))
+        else:  # DAPO found no informative group: nothing for the policy to learn from this step
+            metrics.update(loss=0.0, kl=0.0, clip_frac=0.0, grad_norm=0.0)
+        if self.memory is not None and sampled:  # m_phi learns what was sampled, kept or not (Algorithm 1 l. 22)
+            metrics["memory_loss"] = self._update_memory(sampled)
+        metrics.update(self._rollout_metrics(sampled))  # over every sampled group, as for the other methods
+        metrics["seconds"] = time.perf_counter() - t0
+        self.step += 1
+        return metrics
+
+    def _rollout_metrics(self, batches: list[Batch]) -> dict:
+        if not batches:
+            return {}
+        g = self.s.group_size
+        # DAPO's extra generation batches have their own response widths: reduce each batch, then combine.
+        tokens = sum(float(b.rollout.response_mask.sum()) for b in batches)
+        entropy = sum(float((b.rollout.entropy * b.rollout.response_mask).sum()) for b in batches)
+        lengths = torch.cat([b.rollout.response_mask.sum(-1).float() for b in batches])
+        correct = torch.cat([b.correct for b in batches]).float()
+        distinct = []
+        for b in batches:
+            for i in range(len(b.prompts)):
+                answers = {c for c in b.canon[i * g : (i + 1) * g] if c is not None}
+                distinct.append(len(answers))
+        return {
+            "reward": float(torch.cat([b.rewards for b in batches]).mean()),
+            "accuracy": float(correct.mean()),
+            "entropy": entropy / max(tokens, 1.0),
+            "response_length": float(lengths.mean()),
+            "distinct_correct": sum(distinct) / max(len(distinct), 1),
+        }
+
+    # ------------------------------------------------------------------------ checkpoints/resume
+    def save_checkpoint(self) -> Path:
+        """HF weights (+ memory) and the trainer state under ``ckpt/step_k``, then the marker ``step_k.done``."""
+        step_dir = self.ckpt_dir / f"step_{self.step}"
+        save(self.policy, self.tokenizer, step_dir / "policy")
+        if self.memory is not None:
+            save(self.memory, self.tokenizer, step_dir / "memory")
+        state = {
+            "step": self.step,
+            "cursor": self.cursor,
+            "pool": self.pool,
+            "optimizer": self.optimizer.state_dict(),
+            "memory_opt": self.memory_opt.state_dict() if self.memory_opt else None,
+            "history": self.history,
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        with atomic_path(step_dir / "trainer_state.pt") as tmp:
+            torch.save(state, tmp)
+        write_marker(self.ckpt_dir / f"step_{self.step}.done", self.step, step_dir / "policy")
+        return step_dir
+
+    def latest_checkpoint(self) -> int | None:
+        steps = [
+            int(p.name.split("_")[1])
+            for p in self.ckpt_dir.glob("step_*")
+            if p.is_dir() and (p / "trainer_state.pt").exists() and (p / "policy").exists()
+        ]
+        return max(steps) if steps else None
+
+    def resume(self, step: int) -> None:
+        step_dir = self.ckpt_dir / f"step_{step}"
+        policy, _ = load(step_dir / "policy")
+        self.policy.load_state_dict(policy.state_dict())
+        self.policy.train()
+        if self.memory is not None:
+            memory, _ = load(step_dir / "memory")
+            self.memory.load_state_dict(memory.state_dict())
+        state = torch.load(step_dir / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.memory_opt is not None:
+            self.memory_opt.load_state_dict(state["memory_opt"])
+        self.step, self.cursor, self.pool = state["step"], state["cursor"], state["pool"]
+        self.history = list(state["history"])
+        self._epoch_order = (-1, [])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+
+    # ------------------------------------------------------------------------------------- run
+    def run(self) -> None:
+        """Train up to ``settings.steps``, resuming from the last checkpoint of the run folder."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if removed := remove_temporaries(self.out):
+            log.info("removed %d temporaries that killed writes of an earlier attempt left", removed)
+        metrics_path = self.out / METRICS
+        start = self.latest_checkpoint()
+        if start is not None:
+            self.resume(start)
+            log.info("resumed from checkpoint step %d", start)
+            for done in checkpoint_steps(self.s.eval_every, start):  # Snakemake may have removed them
+                write_marker(self.ckpt_dir / f"step_{done}.done", done, self.ckpt_dir / f"step_{done}" / "policy")
+        # The log is rebuilt from the checkpoint's own record: a rerun never duplicates lines.
+        with atomic_path(metrics_path) as tmp:
+            tmp.write_text("".join(json.dumps(m) + "\n" for m in self.history))
+        if start is None and self.spec.filters:
+            info = self.filter_easiest()
+            log.info("filtering baseline: %s", info)
+            write_json(self.out / "filter.json", info)
+        progress = Progress("train steps", self.s.steps, log, every=10.0)
+        progress.done = self.step
+        with open(metrics_path, "a", encoding="utf-8") as fh:
+            while self.step < self.s.steps:
+                metrics = self.train_step()
+                self.history.append(metrics)
+                fh.write(json.dumps(metrics) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+                progress.update(
+                    note=f"reward={metrics.get('reward', float('nan')):.3f} "
+                    f"entropy={metrics.get('entropy', float('nan')):.3f}"
+                )
+                if self.step % self.s.eval_every == 0:
+                    self.save_checkpoint()

@@ -1,0 +1,109 @@
+"""Warm start: supervised fine-tuning of a freshly built tiny Qwen3 on sampled correct solutions.
+
+Every epoch draws a new random correct answer (and operand order) for each training problem, so the
+resulting reference policy spreads its mass over several solution modes per prompt: the starting
+point the paper's analysis assumes (Section 1: SFT provides a rich manifold of reasoning modes).
+The loss covers the answer tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+
+from calibrl.data.countdown import sample_solution
+from calibrl.io import write_json
+from calibrl.logs import Progress
+from calibrl.models import build_model, build_tokenizer, save
+from calibrl.sampling import position_ids_from_mask
+from calibrl.tasks import format_prompt
+
+log = logging.getLogger("calibrl.warmstart")
+
+
+def encode_examples(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.Tensor, ...]:
+    """Left-padded ``<bos> prompt answer <eos>`` rows, their attention mask and answer-only labels."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for prompt, answer in zip(prompts, answers):
+        p = [tokenizer.bos_token_id] + tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+        rows.append((p, a))
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, a) in enumerate(rows):
+        seq = p + a
+        ids[i, width - len(seq) :] = torch.tensor(seq)
+        mask[i, width - len(seq) :] = True
+        labels[i, width - len(a) :] = torch.tensor(a)
+    return ids, mask, labels
+
+
+def warmstart(
+    records: list[dict],
+    arch: dict,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    template: str,
+    out_dir: str | Path,
+) -> dict:
+    """Build a model of architecture ``arch``, fit it to sampled correct answers, save it in HF format."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed, **arch)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * i / steps)).item())
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("warm start: %d parameters, %d steps x %d examples", n_params, steps, batch_size)
+    progress = Progress("warm-start steps", steps, log, every=10.0)
+    order: list[int] = []
+    loss_ema = None
+    for _ in range(steps):
+        if len(order) < batch_size:
+            fresh = list(range(len(records)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch = [records[i] for i in order[:batch_size]]
+        del order[:batch_size]
+        prompts = [format_prompt(r, template) for r in batch]
+        answers = [sample_solution(r, rng) for r in batch]
+        ids, mask, labels = encode_examples(tokenizer, prompts, answers)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), labels=labels)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss = out.loss.item()
+        loss_ema = loss if loss_ema is None else 0.95 * loss_ema + 0.05 * loss
+        progress.update(note=f"loss={loss_ema:.3f}")
+    model.eval()
+    save(model, tokenizer, out_dir)
+    info = {"parameters": n_params, "final_loss_ema": loss_ema, "steps": steps, "arch": arch}
+    write_json(Path(out_dir).parent / f"{Path(out_dir).name}.json", info)
+    return info
+
+
+def warmstart_job(params: dict, train_path: str, model_dir: str, info_path: str, threads: int = 1) -> None:
+    """Rule warmstart's job: the supervised warm start of a tiny model (``params``: ``grid.warmstart_params``)."""
+    from calibrl.data.records import read_jsonl
+
+    torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
+    ws = params["warmstart"]
+    records = read_jsonl(train_path, on_error=params["on_error"])
+    info = warmstart(
+        records, params["arch"], ws["steps"], ws["batch_size"], ws["lr"], params["seed"], params["template"], model_dir
+    )
+    write_json(info_path, {**info, "model": params["model"], "path": str(Path(model_dir).resolve())})

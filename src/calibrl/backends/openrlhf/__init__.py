@@ -1,0 +1,133 @@
+"""The OpenRLHF backend: paper-scale training with OpenRLHF 0.11.2 (Ray, DeepSpeed, vLLM) on a GPU cluster.
+
+A training job (``OpenRLHFBackend.train``) prepares the run's prompt file (``data``) and runs
+``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT`` inside a private Ray cluster spanning the job's
+SLURM allocation (``ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's settings.json
+(``command``), starts Ray with one setup hook (``hook``) that installs exactly the patches the run's method needs
+(``steps``: the step limit; ``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``), each naming the 0.11.2
+symbols it wraps (``patching``), runs ``openrlhf.cli.train_ppo_ray`` and writes a marker per saved checkpoint.
+``reward`` is the custom reward file, ``layout`` the GPU layout of a run, ``metrics`` its TensorBoard scalars.
+DLC: ``vllm_dlc`` is the composite policy+memory vLLM model (registered through the package's
+``vllm.general_plugins`` entry point), ``memory_actor`` trains m_phi in a Ray actor.
+
+Nothing here imports OpenRLHF, Ray, DeepSpeed, vLLM or torch at module level, so every module imports on a CPU
+machine; the tests check the argv against OpenRLHF's real parser and the patches against its real code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from calibrl.backends.openrlhf import layout as L
+from calibrl.runs import Run
+from calibrl.spec import MethodSpec
+
+log = logging.getLogger("calibrl.openrlhf")
+_STEP_DIR = re.compile(r"global_step(\d+)_hf")
+
+
+class OpenRLHFBackend:
+    name = "openrlhf"
+    on_gpus = True
+    extends_runs = False  # OpenRLHF sizes its prompt stream from the run's length: another length is another run
+    env = "../../envs/cluster-train.yaml"
+    ignored = {
+        "warmstart": "Hub models are the paper's starting points (no warm start)",
+        "train.dapo_max_gen_batches": "OpenRLHF's dynamic sampling refills a batch until the data run out",
+    }
+
+    def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
+        out = []
+        if grid["data"]["source"] == "countdown":
+            out.append(("grid.data.source", "countdown goes with grid.trainer local (tiny models)"))
+        for kind in ("models", "memory_models"):
+            for name, spec in grid[kind].items():
+                if "hf_id" not in spec:
+                    out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
+        if grid["train"]["ppo_minibatches"] != 1:
+            what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
+            out.append(("grid.train.ppo_minibatches", what))
+        for name, spec in grid["models"].items():
+            resources = spec.get("resources", {})  # none where the model is tiny (refused above)
+            for key, lay in (("resources", resources), ("resources.dlc", resources.get("dlc", {}))):
+                every = lay.get("segment_steps")
+                if every and every % grid["train"]["eval_every"]:
+                    what = f"{every} is not a multiple of grid.train.eval_every ({grid['train']['eval_every']})"
+                    out.append((f"grid.models.{name}.{key}.segment_steps", what + ": a segment ends on a checkpoint"))
+        if not out:  # the layouts can be computed
+            out += L.problems(grid, [(run.model, spec.uses_kl, spec.uses_dlc) for run, spec in runs])
+        return out
+
+    def model_file(self, model: str) -> str:
+        return f"models/{model}/hub.json"  # rule download_model, on the login node
+
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
+        out = {"init": self.model_file(run.model)}
+        if spec.uses_dlc:
+            out["memory"] = self.model_file(grid["models"][run.model]["memory"])
+        if spec.filters:  # ranked by the initial model with vLLM, once per model (rule rank_train)
+            out["success"] = f"models/{run.model}/train_success.json"
+        return out
+
+    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        return L.effective(grid["models"][run.model]["resources"], spec.uses_dlc)
+
+    def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
+        """Every ``segment_steps`` of the run's layout (a multiple of ``eval_every``; unset: one job) and ``steps``:
+        each segment is one SLURM job resuming from the previous one's checkpoint, so a run longer than a SLURM time
+        limit still finishes."""
+        steps = int(grid["train"]["steps"])
+        every = int(self.resources(grid, run, spec).get("segment_steps") or steps)
+        return sorted({*range(every, steps, every), steps})
+
+    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        return L.slurm_request(self.resources(grid, run, spec))
+
+    def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
+        """The run's prompt file, then the launcher inside a private Ray cluster with token authentication
+        (``ray_cluster.sh``) spanning the job's allocation. The job and every Ray actor run offline
+        (``HF_HUB_OFFLINE=1``), as compute nodes often are: the models are the login node's downloads."""
+        import json
+
+        from calibrl.backends.openrlhf.data import prepare
+        from calibrl.backends.openrlhf.launch import PROMPTS
+
+        os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by ray_cluster.sh and the actors it starts
+        stamp = json.loads(Path(settings_path).read_text())
+        prepare(stamp, Path(settings_path).parent / PROMPTS)
+        launch = [sys.executable, "-m", "calibrl.backends.openrlhf.launch", str(settings_path), str(int(stop_at))]
+        argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *launch]
+        # Inside the executor's job step SLURM_GPUS_ON_NODE is that step's count: the layout's GPUs per node.
+        env = {**os.environ, "RAY_GPUS_PER_NODE": str(int(stamp["resources"]["gpus_per_node"]))}
+        log.info("launching: %s", " ".join(argv))
+        subprocess.run(argv, check=True, env=env)
+
+    def metrics(self, run_dir: str, out_path: str) -> None:
+        from calibrl.backends.openrlhf.metrics import tensorboard_metrics
+
+        tensorboard_metrics(Path(run_dir).resolve() / "tensorboard", out_path)
+
+    def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
+        """Remove an evaluated Hugging Face checkpoint (``global_step{k}_hf``) unless it is the newest of its run or
+        ``keep_steps`` names it (``grid.retention``). Its marker stays: training counts the step as done, and an
+        evaluation that needs it again says that it was removed. Returns whether it was removed."""
+        path = Path(policy_dir)
+        m = _STEP_DIR.fullmatch(path.name)
+        if not m or not path.is_dir():
+            return False
+        newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
+        if step in keep_steps or step >= newest:
+            return False
+        shutil.rmtree(path)
+        log.info("removed the evaluated checkpoint of step %d (%s); grid.retention keeps %s and the newest",
+                 step, path, keep_steps)  # fmt: skip
+        return True
+
+
+BACKEND = OpenRLHFBackend()

@@ -1,0 +1,74 @@
+"""The Ray ``worker_process_setup_hook`` of a run: it installs exactly the patches the run's spec names.
+
+The launcher starts Ray with :func:`setup` as every worker's setup hook and one variable, ``CALIBRL_SETTINGS``,
+the path of the run's ``settings.json``; :func:`patches` reads the run's compiled method from it and returns what
+to install: the step limit always (``steps``), IAC when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for
+``loss_agg: seq-mean-token-sum-norm`` (``loss_norm``), DLC when mu > 0 (``dlc``). The launcher checks every target
+of those patches against the installed OpenRLHF before Ray starts (:func:`check`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrl.backends.openrlhf import dlc, iac, loss_norm, steps
+from calibrl.backends.openrlhf.patching import Target
+
+log = logging.getLogger("calibrl.openrlhf.hook")
+
+ENV = "CALIBRL_SETTINGS"
+SETUP_HOOK = f"{__name__}.setup"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    targets: tuple[Target, ...]
+    install: Callable[[], None]
+
+
+def patches(settings_path: str | Path) -> list[Patch]:
+    """The patches the run of ``settings_path`` needs, from its compiled method (``calibrl.spec.MethodSpec``)."""
+    from calibrl.spec import MethodSpec  # no torch here: this runs first thing in every Ray worker
+
+    stamp = json.loads(Path(settings_path).read_text())
+    spec, train = MethodSpec.from_dict(stamp["settings"]["method"]), stamp["settings"]["train"]
+    run_dir = Path(settings_path).parent
+    out = [Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir))]
+    if spec.uses_iac:
+        install = functools.partial(iac.install, spec.iac_alpha)
+        out.append(Patch(f"IAC (alpha {spec.iac_alpha:g})", iac.TARGETS, install))
+    if spec.loss_agg == "seq-mean-token-sum-norm":
+        length = int(train["max_new_tokens"])
+        out.append(Patch("Dr. GRPO's normaliser", loss_norm.TARGETS, functools.partial(loss_norm.install, length)))
+    if spec.uses_dlc:
+        memory = stamp["paths"]["memory"]
+        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr)
+        out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install))
+    return out
+
+
+def check(settings_path: str | Path) -> list[str]:
+    """Find every target of the run's patches in the installed OpenRLHF (raises ``PatchTargetMissing`` naming the
+    first one missing); returns the patches' names."""
+    found = patches(settings_path)
+    for patch in found:
+        for target in patch.targets:
+            target.check()
+    return [p.name for p in found]
+
+
+def setup() -> None:
+    """The ``worker_process_setup_hook``: install the run's patches in this process (each applied when, and if,
+    this process imports its module). A process without ``CALIBRL_SETTINGS`` is left alone."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    for patch in patches(path):
+        patch.install()

@@ -1,0 +1,170 @@
+"""``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT``: one segment of an OpenRLHF run.
+
+``main`` reads the run's ``settings.json`` (``SETTINGS``; its folder is the run's) and
+
+1. builds OpenRLHF's argv from it (``command.build_command``, the prompt file the job prepared beside it) and
+   checks it with OpenRLHF's own parser and assertions (``command.check_openrlhf_argv``), and every symbol the
+   run's patches wrap in the installed OpenRLHF (``hook.check``), before any GPU is touched;
+2. writes the markers of the checkpoints a previous attempt left (a resumed run), and stops there if the segment's
+   last step (``STOP_AT``) is saved already;
+3. records ``STOP_AT`` for the step limit (``steps.write_segment``), then starts Ray, or joins the cluster in
+   ``RAY_ADDRESS`` (``ray_cluster.sh`` exports it), with ``hook.setup`` as every worker's
+   ``worker_process_setup_hook`` and one variable, ``CALIBRL_SETTINGS``, the settings' path. OpenRLHF's
+   ``train()`` calls ``ray.init`` only when Ray is not initialised yet, so this runtime environment is the one
+   every actor gets; OpenRLHF's own ``env_vars`` are passed on here for the same reason;
+4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there);
+5. writes one marker per Hugging Face checkpoint and fails if one of the ``eval_every`` steps up to ``STOP_AT`` has
+   none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import runpy
+import sys
+from pathlib import Path
+
+from calibrl.backends.openrlhf import hook, steps
+from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
+from calibrl.runs import checkpoint_steps
+
+log = logging.getLogger("calibrl.launch")
+
+PROMPTS = "train_prompts.jsonl"  # the run's prepared prompt file (``data.prepare``), beside settings.json
+_HF_DIR = re.compile(r"global_step(\d+)_hf")
+
+
+# -------------------------------------------------------------------------------------------- markers
+def hf_checkpoints(ckpt_dir: str | Path) -> dict[int, Path]:
+    """Complete Hugging Face checkpoints OpenRLHF saved under ``ckpt_dir``, by step.
+
+    0.11.2 saves ``{ckpt.path}/global_step{k}_hf`` (ppo_trainer.py L398, ppo_actor.py L675-681) with
+    ``save_pretrained`` (weights, then config) and the tokenizer last (utils/deepspeed/deepspeed.py
+    L583-589): a directory counts once its config, tokenizer config and weights (or weight index) exist.
+    """
+    found = {}
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return found
+    for path in root.iterdir():
+        m = _HF_DIR.fullmatch(path.name)
+        if not (m and path.is_dir()):
+            continue
+        weights = any(
+            (path / w).exists()
+            for w in (
+                "model.safetensors",
+                "model.safetensors.index.json",
+                "pytorch_model.bin",
+                "pytorch_model.bin.index.json",
+            )
+        )
+        if weights and (path / "config.json").exists() and (path / "tokenizer_config.json").exists():
+            found[int(m.group(1))] = path
+    return found
+
+
+def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int, steps: int) -> list[int]:
+    """Write ``{marker_dir}/step_{k}.done`` (JSON: step, policy path, the run's fingerprint) for every evaluated
+    step k with a checkpoint.
+
+    The evaluated steps are ``eval_every, 2 * eval_every, ..., steps`` (``calibrl.runs.checkpoint_steps``);
+    the marker matches the local trainer's (``{"step": k, "policy": <HF directory>}``). Idempotent: run it
+    after training and on every (re)start. Returns the steps that have a marker now, including those whose
+    checkpoint an evaluation has removed since (``calibrl.evaluate``, ``grid.retention``). The markers of a
+    run trained with other settings are never seen here: ``calibrl.checkpoints.claim`` set them aside.
+    """
+    from calibrl.checkpoints import write_marker  # pandas: not imported by the workers that import this module
+
+    if eval_every < 1 or steps < 1:
+        raise ValueError(f"eval_every and steps must be >= 1, got {eval_every}, {steps}")
+    found = hf_checkpoints(ckpt_dir)
+    done = []
+    for step in checkpoint_steps(eval_every, steps):
+        marker = Path(marker_dir) / f"step_{step}.done"
+        if step in found:
+            write_marker(marker, step, found[step])
+            done.append(step)
+        elif marker.exists():  # evaluated, then its Hugging Face copy removed (grid.retention)
+            done.append(step)
+    return done
+
+
+# --------------------------------------------------------------------------------------------- launch
+def runtime_env(settings_path: str | Path) -> dict:
+    """Ray's runtime environment: the setup hook and the one variable that names the run's settings (plus what
+    ``train_ppo_ray.train()`` would have set, and the grading and Hub knobs of this job's environment)."""
+    src = str(Path(__file__).resolve().parents[3])  # the directory that holds the calibrl package
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        hook.ENV: str(Path(settings_path).resolve()),
+        "PYTHONPATH": path,
+        # what train_ppo_ray.train() would have set, since our ray.init comes first
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+    for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", "HF_HUB_OFFLINE"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return {"worker_process_setup_hook": hook.SETUP_HOOK, "env_vars": env}
+
+
+def openrlhf_argv(settings_path: str | Path) -> list[str]:
+    """OpenRLHF's argv for the run of ``settings_path``, with the prompt file beside it."""
+    run_dir = Path(settings_path).parent
+    stamp = json.loads(Path(settings_path).read_text())
+    prompts = run_dir / PROMPTS
+    with open(prompts, encoding="utf-8") as fh:
+        rows = sum(1 for line in fh if line.strip())
+    return build_command(stamp, run_dir, prompts, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2:
+        raise SystemExit("usage: python -m calibrl.backends.openrlhf.launch SETTINGS_JSON STOP_AT")
+    settings_path, stop_at = Path(argv[0]).resolve(), int(argv[1])
+    train = json.loads(settings_path.read_text())["settings"]["train"]
+    steps_total, eval_every = int(train["steps"]), int(train["eval_every"])
+    if not 0 < stop_at <= steps_total or stop_at % eval_every and stop_at != steps_total:
+        raise ValueError(f"STOP_AT {stop_at} must be a checkpoint step (eval_every {eval_every}) <= {steps_total}")
+    rest = openrlhf_argv(settings_path)
+    check_openrlhf_argv(rest)  # a typo fails here, not after the GPUs are allocated
+    log.info("patches: %s", ", ".join(hook.check(settings_path)))
+    run_dir = settings_path.parent
+    ckpt_dir = run_dir / "ckpt" / "openrlhf"
+
+    done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
+    if stop_at in done:
+        log.info("step %d is already saved in %s: nothing to train", stop_at, ckpt_dir)
+        return 0
+
+    import ray
+
+    steps.write_segment(run_dir, stop_at)
+    ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
+    try:
+        saved = sys.argv
+        sys.argv = ["train_ppo_ray", *rest]
+        try:
+            runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+        finally:
+            sys.argv = saved
+    finally:
+        ray.shutdown()
+
+    done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
+    missing = sorted(set(checkpoint_steps(eval_every, stop_at)) - set(done))
+    if missing:
+        log.error("training ended without the checkpoints of steps %s in %s", missing, ckpt_dir)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

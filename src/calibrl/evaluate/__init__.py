@@ -1,0 +1,113 @@
+"""Evaluating checkpoints: n samples per problem on every evaluation split, graded by math-verify, AVG@k, PASS@k and
+distinct correct answers per problem (``calibrl.metrics.split_metrics``).
+
+An evaluator is a module here (its name is ``grid.eval``'s ``evaluator``) with
+``evaluate_checkpoint(policy_dir, splits, grade, settings)``: ``local`` samples with the CPU sampler of
+``calibrl.sampling``, ``vllm`` puts every split into vLLM engines (and ranks the filtering baseline's training
+queries). :func:`evaluate_job` is what rule evaluate (and a training job that evaluates its own checkpoints) runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from calibrl import checkpoints
+from calibrl.io import write_json
+from calibrl.spec import EvalSettings
+
+log = logging.getLogger("calibrl.evaluate")
+
+# Per evaluator: the grid.eval keys it never reads (set, they are refused), whether its engines take GPUs, and the
+# conda environment of its jobs (``--sdm conda``, relative to the workflow's rules).
+EVALUATORS = {
+    "local": {
+        "ignored": {
+            f"eval.{k}": "an engine setting of evaluator vllm"
+            for k in ("dtype", "enforce_eager", "data_parallel_size", "tensor_parallel_size")
+        },
+        "gpus": False,
+        "env": "../../envs/local.yaml",
+    },
+    "vllm": {
+        "ignored": {"eval.per_checkpoint": "evaluator vllm always runs one job per checkpoint"},
+        "gpus": True,
+        "env": "../../envs/cluster-eval.yaml",
+    },
+}
+
+
+def names() -> list[str]:
+    return sorted(EVALUATORS)
+
+
+def ignored(name: str) -> dict[str, str]:
+    return EVALUATORS[name]["ignored"]
+
+
+def env(name: str) -> str:
+    return EVALUATORS[name]["env"]
+
+
+def request(grid: dict) -> dict:
+    """What an evaluation (or ranking) job asks SLURM for: one node with the GPUs of its engines (``grid.eval``
+    ``data_parallel_size`` x ``tensor_parallel_size``); nothing for the CPU evaluator."""
+    ev = grid["eval"]
+    if not EVALUATORS[grid["evaluator"]]["gpus"]:
+        return {}
+    return {"nodes": 1, "gres": f"gpu:{int(ev['data_parallel_size']) * int(ev['tensor_parallel_size'])}"}
+
+
+def evaluate_checkpoint(settings: EvalSettings, policy_dir: str, splits: dict[str, list[dict]], grade: Callable):
+    """One checkpoint on every split, with the evaluator ``settings`` names."""
+    module = importlib.import_module(f"{__name__}.{settings.evaluator}")
+    return module.evaluate_checkpoint(policy_dir, splits, grade, settings)
+
+
+def evaluate_job(
+    params: dict,
+    settings_path: str,
+    markers: list[str],
+    split_paths: dict[str, str],
+    out_paths: list[str],
+    steps: list[int],
+    threads: int = 1,
+    workers: int = 1,
+    release: Callable[[str, int], bool] | None = None,
+) -> None:
+    """Evaluate each checkpoint (``markers[i]`` -> ``out_paths[i]``, step ``steps[i]``; ``params``:
+    ``grid.eval_params``), after checking it was trained with the run's current settings (``settings_path``).
+
+    The splits are read once and one set of grading workers serves every checkpoint; each result is the one the
+    checkpoint gets when evaluated alone (sampling is seeded per checkpoint). ``release(policy_dir, step)``, when
+    given, is called once a result is written (the backend's ``release`` under ``grid.retention``)."""
+    import torch
+
+    from calibrl.data.records import read_jsonl
+    from calibrl.tasks import Scorer
+
+    if not len(markers) == len(out_paths) == len(steps):
+        raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
+    settings = EvalSettings.from_params(params["settings"])
+    expected = json.loads(Path(settings_path).read_text())["fingerprint"]
+    ckpts = [checkpoints.check_marker(m, expected) for m in markers]  # all, before any work
+    for ckpt in ckpts:
+        if not Path(ckpt["policy"]).is_dir():
+            raise FileNotFoundError(
+                f"{ckpt['policy']}: the checkpoint of step {ckpt['step']} is gone, removed after its evaluation "
+                "(grid.retention.remove_evaluated) or by hand. To evaluate it again, add its step to "
+                "grid.retention.keep_steps and retrain the run (snakemake --forcerun train)."
+            )
+    torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
+    splits = {name: read_jsonl(path, on_error=params["on_error"]) for name, path in split_paths.items()}
+    with Scorer(workers=workers) as scorer:
+        for ckpt, out_path, step in zip(ckpts, out_paths, steps):
+            log.info("checkpoint step %d: %s", step, ckpt["policy"])
+            results = evaluate_checkpoint(settings, ckpt["policy"], splits, scorer.grades)
+            record = {"step": step, "policy": ckpt["policy"], "fingerprint": ckpt["fingerprint"]}
+            write_json(out_path, {**record, "sampling": params["settings"], "splits": results})
+            if release is not None:
+                release(ckpt["policy"], step)

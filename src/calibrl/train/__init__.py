@@ -1,1 +1,0 @@
-"""Trainers: the compact CPU trainer (``local``) and the OpenRLHF backend (``openrlhf``)."""

@@ -1,0 +1,243 @@
+"""The algorithm core against the paper's formulas and the recipes': estimators and IAC (Section 2.4, Section 3.1,
+Algorithm 1), the policy loss, KL and aggregation, DAPO's shaping, DLC (Section 3.2), and the registries."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrl.algo import dapo
+from calibrl.algo.advantages import ESTIMATORS, advantages, estimator, iac, iac_factor
+from calibrl.algo.dlc import calibrated_logits, memory_loss
+from calibrl.algo.losses import AGGREGATIONS, KL_ESTIMATORS, aggregate, policy_loss
+
+
+def get_estimator(name):
+    """The whole estimator ``name`` (group baseline, then its batch transform), uncalibrated."""
+    return lambda r: advantages(r, name)
+
+
+binary_groups = st.integers(min_value=2, max_value=16).flatmap(
+    lambda g: st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=g, max_size=g), min_size=1, max_size=6)
+)
+
+
+def test_hand_computed_group():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    assert torch.equal(get_estimator("raw")(r), r)
+    assert torch.allclose(get_estimator("mean")(r), torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
+    std = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
+    assert torch.allclose(get_estimator("norm")(r), torch.tensor([[0.5, -0.5, -0.5, 0.5]]) / (std + 1e-6))
+    # leave-one-out: 1 - 1/3, 0 - 2/3
+    assert torch.allclose(get_estimator("rloo")(r), torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    assert torch.equal(get_estimator("drgrpo")(r), get_estimator("mean")(r))
+
+
+def test_reinforce_pp_whitens_over_the_batch_not_the_group():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    a = get_estimator("rpp")(r)
+    centered = r - r.mean(-1, keepdim=True)
+    expected = (centered - centered.mean()) / (centered.std() + 1e-6)
+    assert torch.allclose(a, expected)
+    assert abs(float(a.mean())) < 1e-6
+    assert float(a.std()) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_leading_axes_are_independent_batches():
+    torch.manual_seed(0)
+    r = (torch.rand(5, 3, 8) > 0.5).float()
+    for name in ESTIMATORS:
+        fn = get_estimator(name)
+        together = fn(r)
+        apart = torch.stack([fn(r[i]) for i in range(5)])
+        assert torch.allclose(together, apart, atol=1e-6), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(binary_groups, st.sampled_from(ESTIMATORS.names()))
+def test_alpha_zero_is_the_uncalibrated_estimator_exactly(groups, name):
+    r = torch.tensor(groups)
+    est = ESTIMATORS[name]
+    uncalibrated = est.batch(est.group(r)) if est.batch else est.group(r)
+    assert torch.equal(advantages(r, name, 0.0), uncalibrated)
+
+
+@settings(max_examples=200, deadline=None)
+@given(binary_groups, st.sampled_from(ESTIMATORS.names()), st.floats(min_value=0.1, max_value=3.0))
+def test_iac_scales_positives_by_inverse_success_and_leaves_the_rest(groups, name, alpha):
+    r = torch.tensor(groups)
+    a = get_estimator(name)(r)
+    out = iac(a, alpha)
+    g = r.shape[-1]
+    for row_a, row_out in zip(a, out):
+        n_pos = int((row_a > 0).sum())  # Algorithm 1 line 11: S+ = {s : A_s > 0}
+        for x, y in zip(row_a.tolist(), row_out.tolist()):
+            if x > 0:
+                assert y == pytest.approx(x * (g - n_pos) ** alpha, rel=1e-5)
+            else:
+                assert y == x
+
+
+def test_iac_factor_values():
+    a = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0]])
+    assert float(iac_factor(a, 1.0)[0, 0]) == 6.0
+    assert float(iac_factor(a, 2.0)[0, 0]) == 36.0
+    all_pos = torch.ones(1, 4)  # raw rewards, all correct: factor 0^alpha
+    assert torch.equal(iac(all_pos, 1.0), torch.zeros(1, 4))
+    assert torch.equal(iac(all_pos, 0.0), all_pos)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="unknown advantage estimator 'grpoo'"):
+        ESTIMATORS["grpoo"]
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        iac(torch.ones(1, 2), -0.5)
+    with pytest.raises(ValueError, match="G >= 2"):
+        get_estimator("rloo")(torch.ones(1, 1))
+
+
+def test_all_equal_groups_give_finite_zero_advantages():
+    for name in ("mean", "norm", "rloo", "rpp", "drgrpo"):
+        a = get_estimator(name)(torch.ones(2, 4))
+        assert torch.isfinite(a).all() and torch.equal(a, torch.zeros(2, 4)), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(binary_groups, st.sampled_from(["grpo", "rloo", "drgrpo", "mean", "raw"]))
+def test_positive_advantages_are_the_successes_for_binary_rewards(groups, name):
+    """S+ = {A > 0} (Algorithm 1 line 11) is Section 3.1's success count in every group with both outcomes."""
+    r = torch.tensor(groups)
+    a = get_estimator(name)(r)
+    for row_r, row_a in zip(r, a):
+        if 0 < row_r.sum() < len(row_r) or name == "raw":
+            assert torch.equal(row_a > 0, row_r > 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(binary_groups, st.floats(min_value=0.5, max_value=2.0))
+def test_reinforce_pp_calibrates_the_group_advantages_before_whitening(groups, alpha):
+    """Reinforce++ with IAC: whiten(IAC(r - mean_G r)), as the OpenRLHF patch orders it (whitening after IAC)."""
+    from calibrl.algo.advantages import mean_shifted, whiten
+
+    r = torch.tensor(groups)
+    expected = whiten(iac(mean_shifted(r), alpha))
+    # S+ is read on the group advantages; whitening afterwards shifts by the calibrated batch's mean
+    assert torch.allclose(advantages(r, "rpp", alpha), expected, atol=1e-6)
+
+
+def test_iac_inside_whitening_differs_from_iac_after_it():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    inside = advantages(r, "rpp", 1.0)
+    after = iac(get_estimator("rpp")(r), 1.0)
+    assert not torch.allclose(inside, after)
+
+
+def test_token_weighted_whitening_counts_each_response_as_its_tokens():
+    """Reinforce++'s references whiten over every token of the batch: a response of n tokens weighs n times."""
+    from calibrl.algo.advantages import whiten
+
+    a = torch.tensor([[1.0, -1.0, 0.5, 0.0]])
+    w = torch.tensor([[3.0, 1.0, 2.0, 1.0]])
+    tokens = torch.repeat_interleave(a.flatten(), w.flatten().long())
+    expected = (a - tokens.mean()) / (tokens.std() + 1e-6)
+    assert torch.allclose(whiten(a, w), expected)
+    assert torch.allclose(whiten(a, torch.ones_like(a)), whiten(a))
+
+
+def test_a_registered_estimator_is_a_config_value_and_an_unknown_one_is_named():
+    from calibrl import config as C
+
+    @estimator("test_median")
+    def median_baseline(rewards):
+        return rewards - rewards.median(dim=-1, keepdim=True).values
+
+    try:
+        assert "test_median" in C.schema()["$defs"]["estimator"]["enum"]
+        r = torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]])
+        assert torch.equal(advantages(r, "test_median"), r - 1.0)
+        with pytest.raises(ValueError, match="is registered already"):
+            estimator("test_median")(lambda r: r)
+    finally:
+        ESTIMATORS.unregister("test_median")
+    assert "test_median" not in C.schema()["$defs"]["estimator"]["enum"]
+    assert set(C.schema()["$defs"]["loss_agg"]["enum"]) == set(AGGREGATIONS.names())
+    assert set(C.schema()["$defs"]["kl_estimator"]["enum"]) == {"k1", "k3"}
+
+
+# ------------------------------------------------------------------------------------ the policy loss
+def test_loss_pieces_match_their_definitions():
+    logp = torch.log(torch.tensor([[0.5, 0.4]]))
+    ref = torch.log(torch.tensor([[0.25, 0.4]]))
+    k3 = KL_ESTIMATORS["k3"](logp, ref)
+    assert k3[0, 0].item() == pytest.approx(0.5 - 1 - torch.log(torch.tensor(0.5)).item(), abs=1e-6)
+    assert k3[0, 1].item() == pytest.approx(0.0, abs=1e-7)
+    assert torch.equal(KL_ESTIMATORS["k1"](logp, ref), logp - ref)
+    loss, clipped = policy_loss(torch.log(torch.tensor([[1.5]])), torch.zeros(1, 1), torch.tensor([1.0]), 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28) and clipped.item() == 1.0
+    per_token = torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    assert aggregate(per_token, mask, "seq-mean-token-mean", 3).item() == pytest.approx(2.0)
+    assert aggregate(per_token, mask, "token-mean", 3).item() == pytest.approx(2.0)
+    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", 3).item() == pytest.approx((4 / 3 + 2 / 3) / 2)
+    assert dapo.overlong_penalty(torch.tensor([2, 3, 4, 6]), 6, 2).tolist() == [0.0, 0.0, 0.0, -1.0]
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages_only():
+    """verl's clip_ratio_c / OpenRLHF's dual_clip: for A < 0 the loss is at most -A * c (Ye et al., 2020)."""
+    logp, old = torch.log(torch.tensor([[5.0, 5.0, 1.0]])), torch.zeros(1, 3)
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    plain, _ = policy_loss(logp, old, adv, 0.2, 0.2)
+    dual, active = policy_loss(logp, old, adv, 0.2, 0.2, dual_clip=3.0)
+    assert plain[0, 0].item() == pytest.approx(5.0) and dual[0, 0].item() == pytest.approx(3.0)
+    assert dual[0, 1].item() == plain[0, 1].item() and dual[0, 2].item() == plain[0, 2].item()
+    assert active[0, 0].item() == 1.0
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        policy_loss(logp, old, adv, 0.2, 0.2, dual_clip=1.0)
+
+
+def test_dr_grpo_normaliser_counts_sequences_when_rows_are_not_responses():
+    per_token = torch.tensor([[1.0, 3.0, 2.0]])  # two responses packed in one row
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    assert AGGREGATIONS["seq-mean-token-sum-norm"](per_token, mask, 4, sequences=2).item() == pytest.approx(6 / 8)
+
+
+def test_dynamic_sampling_keeps_groups_with_signal():
+    values = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.4]])
+    assert dapo.informative_groups(values).tolist() == [False, False, True, True]
+
+
+# ----------------------------------------------------------------------------------------------- DLC
+def test_calibrated_distribution_is_softmax_of_the_difference():
+    f_theta = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    f_phi = torch.tensor([3.0, 0.0, 0.0, 0.0])
+    p = torch.softmax(calibrated_logits(f_theta, f_phi, 0.5), -1)
+    expected = torch.exp(f_theta - 0.5 * f_phi)
+    assert torch.allclose(p, expected / expected.sum())
+    assert torch.equal(calibrated_logits(f_theta, f_phi, 0.0), f_theta)
+    with pytest.raises(ValueError, match="mu must be >= 0"):
+        calibrated_logits(f_theta, f_phi, -1.0)
+
+
+def test_memory_training_raises_frequent_outputs_and_pushes_sampling_away():
+    mem = torch.zeros(4, requires_grad=True)
+    opt = torch.optim.SGD([mem], lr=1.0)
+    sampled = torch.tensor([0, 0, 0, 1])  # output 0 generated three times as often
+    for _ in range(20):
+        loss = memory_loss(mem.expand(4, 4), sampled)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert mem[0] > mem[1] > mem[2]
+    f_theta = torch.zeros(4)
+    p = torch.softmax(calibrated_logits(f_theta, mem.detach(), 0.5), -1)
+    assert p[0] < p[1] < p[2]  # the most generated output is the least likely to be sampled next
+
+
+def test_memory_loss_summed_in_pieces_is_the_mean_over_all_tokens():
+    torch.manual_seed(0)
+    logits, targets = torch.randn(10, 7), torch.randint(0, 7, (10,))
+    targets[3] = -100  # padding is ignored
+    pieces = memory_loss(logits[:4], targets[:4], reduction="sum") + memory_loss(logits[4:], targets[4:], "sum")
+    assert torch.allclose(pieces / 9, memory_loss(logits, targets))

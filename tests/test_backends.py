@@ -1,0 +1,127 @@
+"""Backends behind one protocol (calibrl.backends): each implements it, the workflow asks them rather than branching
+on the trainer's name, and a run's settings.json is all a backend reads; a formula registered in a test module is
+a config value and trains a micro run through the CPU backend."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, filled
+
+from calibrl import backends, checkpoints
+from calibrl import grid as G
+from calibrl.algo.advantages import ESTIMATORS, estimator
+from calibrl.backends.jobs import metrics_job, train_job
+from calibrl.data import countdown
+from calibrl.data.records import write_jsonl
+from calibrl.models import build_model, build_tokenizer, save
+
+CALLS = []
+
+
+def test_every_backend_implements_the_protocol():
+    members = {n: m for n, m in inspect.getmembers(backends.Backend) if not n.startswith("_")}
+    declared = {n for n in backends.Backend.__annotations__}
+    assert backends.names() == ["local", "openrlhf"]
+    for name in backends.names():
+        backend = backends.get(name)
+        assert backend.name == name
+        for member in set(members) | declared:
+            assert hasattr(backend, member), f"{name} lacks {member}"
+        for method, proto in members.items():
+            if callable(proto):
+                got = list(inspect.signature(getattr(backend, method)).parameters)
+                assert got == list(inspect.signature(proto).parameters)[1:], (name, method)
+    with pytest.raises(ValueError, match="unknown trainer 'verl'"):
+        backends.get("verl")
+
+
+def test_no_trainer_branches_outside_the_backends():
+    """The workflow and the package ask the backend; only calibrl/backends/ knows one trainer from another."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    code = [p for p in tracked if p.endswith((".py", ".smk")) or p == "Snakefile"]
+    pattern = re.compile(r"""trainer["']?\]?\s*[!=]=|\bLOCAL\b|== ?["'](local|openrlhf)["']""")
+    offenders = [
+        f"{p}:{i}: {line.strip()}"
+        for p in code
+        if not p.startswith(("src/calibrl/backends/", "tests/"))
+        for i, line in enumerate((REPO / p).read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, "\n".join(offenders)
+    rules = "".join((REPO / "workflow" / "rules" / f).read_text() for f in ("train.smk", "common.smk"))
+    assert len(re.findall(r"^rule train:", rules, re.M)) == 1
+
+
+def _micro_run(tmp_path: Path, method: dict) -> tuple[dict, Path]:
+    """The micro config with ``method`` as method "m", its data file and warm start made by hand, and the run's
+    settings.json as rule run_settings writes it."""
+    cfg = yaml.safe_load((REPO / ".test" / "config.yaml").read_text())
+    cfg["grid"]["methods"]["m"] = method
+    cfg["grid"]["tables"]["table2_3"] = ["m"]
+    cfg = filled(cfg)
+    run = G.Run("qwen3-tiny-m", "m", 0)
+    write_jsonl(tmp_path / "train.jsonl", countdown.generate("train", 24, seed=0))
+    tok = build_tokenizer()
+    arch = G.architecture(cfg["grid"], run.model)
+    save(build_model(tok, seed=0, **arch), tok, tmp_path / "init")
+    (tmp_path / "init.json").write_text(json.dumps({"path": str(tmp_path / "init")}))
+    settings = tmp_path / "runs" / run.path / "settings.json"
+    inputs = {"train": str(tmp_path / "train.jsonl"), "init": str(tmp_path / "init.json")}
+    checkpoints.settings_job(G.train_params(cfg, run), G.resources(cfg, run), str(settings), inputs)
+    return cfg, settings
+
+
+def test_a_registered_estimator_trains_a_micro_run_through_the_cpu_backend(tmp_path):
+    @estimator("test_leave_none_out")
+    def leave_none_out(rewards):
+        CALLS.append(rewards.shape)
+        return rewards - rewards.mean(dim=-1, keepdim=True)
+
+    try:
+        cfg, settings = _micro_run(tmp_path, {"estimator": "test_leave_none_out", "iac_alpha": 1.0})
+        stamp = json.loads(settings.read_text())
+        assert stamp["settings"]["method"]["estimator"] == "test_leave_none_out"
+        steps = cfg["grid"]["train"]["steps"]
+        marker = settings.parent / "ckpt" / f"segment_{steps}.done"
+        train_job(str(settings), steps, str(marker))
+    finally:
+        ESTIMATORS.unregister("test_leave_none_out")
+    assert len(CALLS) == steps and all(shape[-1] == cfg["grid"]["train"]["group_size"] for shape in CALLS)
+    done = json.loads(marker.read_text())
+    assert done == {"end": steps, "steps": G.eval_steps(cfg), "fingerprint": stamp["fingerprint"]}
+    for step in done["steps"]:
+        assert checkpoints.check_marker(settings.parent / "ckpt" / f"step_{step}.done", stamp["fingerprint"])
+    metrics_job(str(settings), str(settings.parent / "metrics.jsonl"))
+    lines = (settings.parent / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, steps + 1))
+
+
+def test_weight_decay_is_a_setting_both_backends_apply(tmp_path):
+    """AdamW's weight decay comes from grid.train.weight_decay (default 0.01, verl's) in the CPU trainer and in
+    OpenRLHF's command line alike (it used to be 0 on CPU and 0.01 in OpenRLHF, silently)."""
+    from calibrl.backends.local.trainer import Trainer
+    from calibrl.spec import MethodSpec, TrainSettings
+
+    cfg, settings = _micro_run(tmp_path, {"estimator": "grpo"})
+    stamp = json.loads(settings.read_text())
+    assert stamp["settings"]["train"]["weight_decay"] == 0.01 == cfg["grid"]["train"]["weight_decay"]
+    s = stamp["settings"]
+    trainer = Trainer(MethodSpec.from_dict(s["method"]), TrainSettings.from_config({**s["train"], "steps": 1}), [],
+                      stamp["paths"]["init"], tmp_path / "run", lambda t, r: [], seed=0)  # fmt: skip
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01
+    paper = filled("paper")
+    paper["grid"]["train"]["weight_decay"] = 0.05
+    from conftest import paper_settings
+
+    from calibrl.backends.openrlhf.command import build_command
+
+    paper_stamp = json.loads(paper_settings(paper, G.Run("qwen3-8b", "grpo", 0), tmp_path / "p").read_text())
+    argv = build_command(paper_stamp, tmp_path / "p", tmp_path / "p.jsonl", 40000)
+    assert argv[argv.index("--actor.adam.weight_decay") + 1] == "0.05"
