@@ -1,8 +1,9 @@
-"""Snakemake script of rule toy_figure: simulate one toy figure (calibrl.toy.jobs.figure_job)."""
+"""Snakemake script of rule toy_figure: simulate one toy figure (calibrl.toy.jobs.figure_job), in a fork of the job
+server when one serves this Snakemake (calibrl.jobserver)."""
 
-from calibrl.logs import setup
-from calibrl.toy.jobs import figure_job
+from calibrl import jobserver
 
-setup(snakemake.log[0])
-out = snakemake.output
-figure_job(snakemake.wildcards.figure, snakemake.params.toy, out.seeds, out.curves, out.stats, out.plot)
+if __name__ == "__main__":
+    out = snakemake.output
+    jobserver.run("calibrl.toy.jobs:figure_job", snakemake.log[0], snakemake.wildcards.figure, snakemake.params.toy,
+                  out.seeds, out.curves, out.stats, out.plot)  # fmt: skip

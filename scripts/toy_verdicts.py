@@ -1,8 +1,10 @@
-"""Snakemake script of rule toy_verdicts: a verdict per claim of the paper (calibrl.toy.jobs.verdicts_job)."""
+"""Snakemake script of rule toy_verdicts: a verdict per claim of the paper (calibrl.toy.jobs.verdicts_job), in a fork
+of the job server when one serves this Snakemake (calibrl.jobserver)."""
 
-from calibrl.logs import setup
-from calibrl.toy.jobs import verdicts_job
+from calibrl import jobserver
 
-setup(snakemake.log[0])
-seeds = dict(zip(snakemake.params.figures, snakemake.input.seeds))
-verdicts_job(seeds, snakemake.params.toy, snakemake.output.md, snakemake.output.csv, snakemake.output.claims)
+if __name__ == "__main__":
+    seeds = dict(zip(snakemake.params.figures, snakemake.input.seeds))
+    out = snakemake.output
+    jobserver.run("calibrl.toy.jobs:verdicts_job", snakemake.log[0], seeds, snakemake.params.toy, out.md, out.csv,
+                  out.claims)  # fmt: skip

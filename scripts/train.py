@@ -1,11 +1,9 @@
-"""Snakemake script of rule train: one segment of a run (calibrl.backends.jobs.train_job). Guarded: grading workers
-re-import __main__."""
+"""Snakemake script of rule train: one segment of a run (calibrl.backends.jobs.train_job), in a fork of the job
+server when one serves this Snakemake (calibrl.jobserver). Guarded: grading workers re-import __main__."""
 
-from calibrl.backends.jobs import train_job
-from calibrl.logs import setup
+from calibrl import jobserver
 
 if __name__ == "__main__":
-    setup(snakemake.log[0])
     p = snakemake.params
-    train_job(snakemake.input.settings, p.end, snakemake.output[0], snakemake.threads,
-              snakemake.resources.grading_workers)  # fmt: skip
+    jobserver.run("calibrl.backends.jobs:train_job", snakemake.log[0], snakemake.input.settings, p.end,
+                  snakemake.output[0], snakemake.threads, snakemake.resources.grading_workers)  # fmt: skip

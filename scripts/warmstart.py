@@ -1,9 +1,9 @@
-"""Snakemake script of rule warmstart (calibrl.backends.local.warmstart.warmstart_job)."""
+"""Snakemake script of rule warmstart (calibrl.backends.local.warmstart.warmstart_job), in a fork of the job server
+when one serves this Snakemake (calibrl.jobserver)."""
 
-from calibrl.backends.local.warmstart import warmstart_job
-from calibrl.logs import setup
+from calibrl import jobserver
 
 if __name__ == "__main__":
-    setup(snakemake.log[0])
     out = snakemake.output
-    warmstart_job(snakemake.params.settings, snakemake.input.train, out.model, out.info, snakemake.threads)
+    jobserver.run("calibrl.backends.local.warmstart:warmstart_job", snakemake.log[0], snakemake.params.settings,
+                  snakemake.input.train, out.model, out.info, snakemake.threads)  # fmt: skip

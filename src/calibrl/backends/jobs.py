@@ -1,4 +1,4 @@
-"""The jobs of rules train and train_metrics, for every backend: the run's ``settings.json`` says which."""
+"""The jobs of rules train, train_metrics and evaluate, for every backend: the run's ``settings.json`` says which."""
 
 from __future__ import annotations
 
@@ -30,3 +30,29 @@ def metrics_job(settings_path: str, out_path: str) -> None:
     """The run's training metrics as ``metrics.jsonl`` once its last segment has trained (rule train_metrics)."""
     stamp = checkpoints.read_stamp(settings_path)
     backends.get(stamp["settings"]["backend"]).metrics(str(Path(settings_path).parent), out_path)
+
+
+def evaluate_job(
+    params: dict,
+    settings_path: str,
+    markers: list[str],
+    split_paths: dict[str, str],
+    out_paths: list[str],
+    steps: list[int],
+    threads: int = 1,
+    workers: int = 1,
+    retention: dict | None = None,
+) -> None:
+    """Rule evaluate's job (``calibrl.evaluate.evaluate_job``), with the run's backend removing each checkpoint once
+    evaluated where ``retention`` (``grid.retention``) says so."""
+    from calibrl.evaluate import evaluate_job as evaluate
+
+    release = None
+    if retention and retention["remove_evaluated"]:
+        backend = backends.get(checkpoints.read_stamp(settings_path)["settings"]["backend"])
+        keep = list(retention["keep_steps"])
+
+        def release(policy: str, step: int) -> bool:
+            return backend.release(policy, step, keep)
+
+    evaluate(params, settings_path, markers, split_paths, out_paths, steps, threads, workers, release=release)

@@ -1,0 +1,104 @@
+"""The job server (calibrl.jobserver): a job run in a fork of the warm server does what it does in a process of its
+own, fails and stops as it would, dies with its script, and is not used where it must not be (SLURM, conda)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import filled
+
+from calibrl import jobserver
+
+
+@pytest.fixture(scope="module")
+def server():
+    path = jobserver.start()  # this test process is the "Snakemake" that owns it
+    assert path and os.environ[jobserver.ENV] == path
+    yield path
+    jobserver.stop()
+
+
+def client(target: str, *args, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    """A job's script: ``jobserver.run(target, ...)`` in a process of its own, as Snakemake runs a script."""
+    code = "import json, sys\nfrom calibrl.jobserver import run\n"
+    code += "run(*json.loads(sys.argv[1]), **json.loads(sys.argv[2]))"
+    call = [sys.executable, "-c", code, json.dumps([target, None, *args]), json.dumps(kwargs)]
+    return subprocess.Popen(
+        call, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def pid_of(path: Path, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_job_in_a_fork_gives_the_result_of_a_job_on_its_own(server, tmp_path):
+    """A seeded toy figure (torch sampling, AdamW) through the server and in a plain process: the same tables."""
+    toy = filled("config")["toy"] | {"steps": 20, "seeds": 8, "record_every": 5}
+    outs = {}
+    for how, env in (("served", {}), ("alone", {jobserver.ENV: ""})):
+        files = [str(tmp_path / how / name) for name in ("seeds.csv.gz", "curves.csv", "stats.csv", "plot.png")]
+        proc = client("calibrl.toy.jobs:figure_job", "fig2", toy, *files, env=env)
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+        outs[how] = {Path(f).name: Path(f).read_bytes() for f in files[1:3]}
+    assert outs["served"] == outs["alone"]
+
+
+def test_the_job_runs_in_the_servers_fork_and_not_where_it_must_not(server, tmp_path):
+    """The job's own process: a child of the server here; the script itself under SLURM or another Python."""
+    marker = tmp_path / "ppid"
+    script = f"echo $PPID > {marker}"
+    proc = client("subprocess:run", ["sh", "-c", script], check=True)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert pid_of(marker) != proc.pid  # ran in the server's fork
+    for env in ({"SLURM_JOB_ID": "42"}, {jobserver.ENV: ""}):
+        marker.unlink()
+        proc = client("subprocess:run", ["sh", "-c", script], env=env, check=True)
+        assert proc.wait(timeout=60) == 0 and pid_of(marker) == proc.pid, env
+    info = json.loads(Path(server + ".json").read_text())
+    assert info["python"] == sys.executable  # another interpreter (a conda env) would run its jobs itself
+
+
+def test_failures_and_signals_reach_the_script(server, tmp_path):
+    bad = client("calibrl.io:write_text", str(tmp_path), "a folder is no file")
+    assert bad.wait(timeout=60) != 0 and "IsADirectoryError" in bad.stderr.read()
+    pidfile = tmp_path / "sleeper"
+    slow = client("subprocess:run", ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
+    sleeper = pid_of(pidfile)
+    slow.send_signal(signal.SIGTERM)  # Snakemake stopping the job
+    assert slow.wait(timeout=60) == -signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(sleeper), "the job's process group outlived the stop"
+
+
+def test_a_killed_script_takes_its_job_with_it(server, tmp_path):
+    pidfile = tmp_path / "sleeper"
+    proc = client("subprocess:run", ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"])
+    sleeper = pid_of(pidfile)
+    proc.kill()  # SIGKILL: nothing forwarded, the connection closes
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while alive(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(sleeper), "the job outlived its script"
