@@ -68,7 +68,10 @@ def test_a_longer_cpu_run_keeps_its_identity_an_openrlhf_one_does_not():
     longer["grid"]["train"]["steps"] *= 2
     assert G.train_params(longer, run) == G.train_params(CONFIG, run)
     assert "steps" not in G.train_params(CONFIG, run)["train"]
-    assert G.segment_ends(longer, run) == [2 * CONFIG["grid"]["train"]["steps"]]  # the training job's target
+    # one training job per checkpoint: the longer run keeps the shorter one's segments and adds its new ones
+    short = G.segment_ends(CONFIG, run)
+    assert short == G.eval_steps(CONFIG) and G.segment_ends(longer, run)[: len(short)] == short
+    assert G.segment_ends(longer, run)[-1] == 2 * CONFIG["grid"]["train"]["steps"]
     paper = {"grid": {**CONFIG["grid"], "trainer": "openrlhf"}}
     paper_longer = {"grid": {**longer["grid"], "trainer": "openrlhf"}}
     assert changed_keys(G.train_params(paper, run), G.train_params(paper_longer, run)) == ["train.steps"]

@@ -114,7 +114,6 @@ def test_each_unsatisfiable_setting_is_named(change, key, words):
         (PAPER, ("train", "ppo_minibatches"), 2),
         (DEFAULT, ("retention",), {"remove_evaluated": True}),
         (DEFAULT, ("eval", "dtype"), "float32"),
-        (PAPER, ("eval", "per_checkpoint"), True),
     ],
 )
 def test_keys_the_chosen_backend_ignores_are_refused(config, path, value):

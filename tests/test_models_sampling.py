@@ -20,6 +20,7 @@ def sampling_probs(policy, memory, mu: float, input_ids: torch.Tensor, attention
     mem = memory(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits[:, -1].float()
     return calibrated_logits(logits, mem, mu).softmax(dim=-1)
 
+
 PROMPTS = ["3 7 12 5 -> 15", "1 2 -> 3", "10 4 6 9 2 -> 19"]  # different lengths: real left padding
 
 

@@ -381,7 +381,11 @@ def test_snakemake_killed_mid_training_then_rerun(tmp_path):
     ref = snakemake_group(reference, tmp_path / "reference.out", target)  # side by side with the killed one
 
     run_dir = work / "results" / "runs" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0"
-    train_log = work / "results" / "logs" / "train" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0" / "segment_12.log"
+    logs = work / "results" / "logs" / "train" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0"
+
+    def resumed_after(step: int) -> str:
+        """The log of the segment after checkpoint ``step`` (one training job per checkpoint), which resumes it."""
+        return (logs / f"segment_{step + 2}.log").read_text()
 
     def killed(sig: signal.Signals, more: int, *args: str) -> None:
         """Run the target, send ``sig`` to snakemake's process group once ``more`` checkpoints are added."""
@@ -396,13 +400,13 @@ def test_snakemake_killed_mid_training_then_rerun(tmp_path):
     killed(signal.SIGTERM, 2)
     first, kept = complete(run_dir)[-1], stamps(run_dir)
     killed(signal.SIGKILL, 2, "--rerun-incomplete")  # the same command again (as Snakemake's message asks)
-    assert f"resumed from checkpoint step {first}" in train_log.read_text(), train_log.read_text()[-2000:]
+    assert f"resumed from checkpoint step {first}" in resumed_after(first), resumed_after(first)[-2000:]
     assert stamps(run_dir).items() >= kept.items(), "a finished checkpoint was written again"
     second, kept = complete(run_dir)[-1], stamps(run_dir)
     assert second >= first + 4
     snakemake(work, "--unlock", target)  # a SIGKILLed snakemake leaves its lock behind
     snakemake(work, "--cores", "1", "--rerun-incomplete", target)
-    assert f"resumed from checkpoint step {second}" in train_log.read_text(), train_log.read_text()[-2000:]
+    assert f"resumed from checkpoint step {second}" in resumed_after(second), resumed_after(second)[-2000:]
     assert stamps(run_dir).items() >= kept.items(), "a finished checkpoint was written again"
     assert complete(run_dir) == marker_steps(run_dir) == [2, 4, 6, 8, 10, 12]
 

@@ -107,7 +107,6 @@ def micro_config(workdir: Path) -> dict:
     grid["warmstart"].update(steps=2, batch_size=4)
     grid["train"].update(steps=2, eval_every=2, prompts_per_step=2, group_size=2, filter_samples=2)
     grid["eval"].update(n=8, k=8)  # the tables report AVG@8 / PASS@8
-    grid["eval"]["per_checkpoint"] = True  # evaluation in its own SLURM job, as at paper scale (vLLM)
     grid["extra_seeds"] = {}
     grid["methods"] = {"grpo": grid["methods"]["grpo"]}
     grid["tables"] = {"table2_3": ["grpo"], "table4": ["grpo"], "table5": ["grpo"], "figure6": ["grpo"]}
@@ -224,12 +223,11 @@ def test_failed_jobs_are_resubmitted_per_profile(local_slurm, tmp_path):
 
 # ------------------------------------------------------------------------------- preemption/resume
 def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, slurm_workflow):
-    """A run is extended (more steps); while its training job runs it is suspended and cancelled, as a
-    preemption does. The profile resubmits it, it resumes from its last checkpoint, and no checkpoint is
-    evaluated twice: the evaluations made before (one job per checkpoint) are kept as they are."""
+    """A run is extended (more steps); while one of its training jobs (one per checkpoint) runs it is suspended
+    and cancelled, as a preemption does. The profile resubmits it, it resumes from the last checkpoint, and no
+    checkpoint is evaluated twice: the evaluations made before (one job per checkpoint) are kept as they are."""
     wd = slurm_workflow
     cfg = micro_config(wd)
-    cfg["grid"]["eval"]["per_checkpoint"] = True  # one evaluate job per checkpoint, as the vLLM evaluator
     cfg["grid"]["train"].update(steps=4, eval_every=2)
     write_config(wd / "short.yaml", cfg)
     run_dir = wd / "results" / "runs" / "qwen3-tiny-m" / "grpo" / "s0"
@@ -250,15 +248,17 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
         start_new_session=True,
     )
     try:
-        marker = run_dir / "ckpt" / "step_6.done"
         deadline = time.monotonic() + 300
-        while not marker.exists():  # the resumed job has passed its first new checkpoint
-            assert proc.poll() is None and time.monotonic() < deadline, "training never reached step 6"
+        cancelled = None
+        while cancelled is None:  # the job of the segment up to step 8, once it runs
+            assert proc.poll() is None and time.monotonic() < deadline, "the segment up to step 8 never ran"
+            for line in run(["squeue", "-h", "-o", "%i %T %k"]).stdout.splitlines():
+                job_id, state, comment = line.split(maxsplit=2)
+                if comment.startswith("rule_train_") and comment.endswith("_8") and state == "RUNNING":
+                    run(["scontrol", "suspend", job_id])  # freeze it mid-run, then take the allocation away
+                    run(["scancel", job_id])
+                    cancelled = job_id
             time.sleep(0.05)
-        queue = run(["squeue", "-h", "-o", "%i %k"]).stdout.split("\n")
-        job_id = next(line.split()[0] for line in queue if "rule_train" in line)
-        run(["scontrol", "suspend", job_id])  # freeze it mid-run, then take the allocation away
-        run(["scancel", job_id])
         out, _ = proc.communicate(timeout=480)
     finally:
         if proc.poll() is None:
@@ -266,13 +266,18 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
     assert proc.returncode == 0, out[-6000:]
     assert "Trying to restart job" in out, out[-4000:]
 
-    # Both training attempts resumed: the first from step 4 (the earlier run), the retry from the checkpoint
-    # the cancelled attempt left (6 or later, never from scratch and never past the end).
-    logs = sorted((wd / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"), key=lambda p: int(p.stem))
-    resumed = [re.findall(r"resumed from checkpoint step (\d+)", p.read_text()) for p in logs]
-    assert resumed[0] == [] and resumed[1] == ["4"], resumed  # logs: first run, extended run, its retry
-    assert len(resumed) == 3 and 6 <= int(resumed[2][0]) < 12, resumed
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # Every segment resumed from the one before it (the first trained from scratch), the cancelled one's retry
+    # from step 6 as well; the metrics hold every step once.
+    attempts = []
+    for log in sorted((wd / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"), key=lambda p: int(p.stem)):
+        end = int(log.parent.name.rsplit("_", 1)[1])  # the plugin's folder per job: <model>_<method>_<seed>_<end>
+        attempts.append((log.stem, end, re.findall(r"resumed from checkpoint step (\d+)", log.read_text())))
+    assert [end for _, end, _ in attempts] == [2, 4, 6, 8, 8, 10, 12], attempts
+    for job_id, end, resumed in attempts:
+        if job_id != cancelled:
+            assert resumed == ([str(end - 2)] if end > 2 else []), attempts
+    assert [job_id for job_id, _, _ in attempts].index(cancelled) == 3, attempts
+    steps = [json.loads(line)["step"] for line in (run_dir / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 13)), steps
 
     # Every checkpoint evaluated exactly once over both runs; the old results untouched.

@@ -72,7 +72,7 @@ def test_micro_grid_end_to_end(finished):
     assert "| claim | source | estimate | 95% CI | seeds | p (Holm) | verdict |" in summary
     for what in ("pass_at_k", "distinct_correct", "entropy_bands"):
         assert (res / "figures" / f"{what}_qwen3-tiny-m.png").stat().st_size > 0
-    for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0.log", "aggregate.log"):
+    for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0/segment_2.log", "aggregate.log"):
         assert (res / "logs" / log).stat().st_size > 0
 
     client = MlflowClient(tracking_uri=f"sqlite:///{(res / 'mlflow' / 'mlflow.db').resolve()}")
@@ -130,15 +130,17 @@ def test_unchanged_rerun_plans_nothing(finished):
 @pytest.mark.parametrize(
     "change, expected",
     [
-        # a training setting: every run's settings and training (which evaluates its checkpoints, CPU evaluator)
-        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 6}),
+        # a training setting: every run's settings, training (a job per checkpoint), metrics and evaluations
+        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 12, "train_metrics": 6, "evaluate": 12}),
         # one method's alpha: that method's runs only (iac is in three tables, trained once)
-        ({"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}}, {"run_settings": 1, "train": 1}),
-        # a longer run (CPU trainer): training resumes, nothing is re-stamped
-        ({"train": {"steps": 6}}, {"train": 6}),
-        # how checkpoints are evaluated: every run's job, which resumes from its last checkpoint (nothing to
-        # train, test_an_evaluation_setting_re_evaluates_without_training) and evaluates again
-        ({"eval": {"temperature": 0.7}}, {"train": 6}),
+        (
+            {"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}},
+            {"run_settings": 1, "train": 2, "train_metrics": 1, "evaluate": 2},
+        ),
+        # a longer run (CPU trainer): the new segment resumes, only the new checkpoint is evaluated
+        ({"train": {"steps": 6}}, {"train": 6, "train_metrics": 6, "evaluate": 6}),
+        # how checkpoints are evaluated: every evaluation, no training
+        ({"eval": {"temperature": 0.7}}, {"evaluate": 12}),
         # a table's method list (same runs): the aggregation only
         ({"tables": {"table5": ["iac", "grpo", "filter"]}}, {}),
         # how many grading workers: how fast, never what; nothing reruns
@@ -164,19 +166,17 @@ def grpo_s0(work):
 
 
 def test_an_evaluation_setting_re_evaluates_without_training(finished):
-    """CPU trainer and evaluator: a changed evaluation setting reruns the training jobs, which resume from their
-    last checkpoint (no step is trained again, the checkpoints and metrics stay as they are) and evaluate every
-    checkpoint with the new setting."""
+    """A changed evaluation setting reruns every checkpoint's evaluation and nothing of training: the training
+    logs, checkpoints and metrics stay as they are, and every evaluation carries the new setting."""
     work, _ = finished
     cfg, res, run, folder = grpo_s0(work)
     stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
     metrics = (folder / "metrics.jsonl").read_text()
+    train_logs = sorted((p.name, p.stat().st_mtime_ns) for p in (res / "logs" / "train").rglob("*.log"))
     weights = sorted((p.name, p.stat().st_mtime_ns) for p in (folder / "ckpt").rglob("*.safetensors"))
     temperature = overlay(work, "temperature.yaml", {"eval": {"temperature": 0.7}})
     snakemake(work, "--cores", "2", "--configfile", MICRO, temperature)
-    log = (res / "logs" / "train" / f"{run.path}.log").read_text()
-    last = max(G.eval_steps(cfg))
-    assert f"resumed from checkpoint step {last}" in log and "train steps" not in log, log[-3000:]
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (res / "logs" / "train").rglob("*.log")) == train_logs
     assert (folder / "metrics.jsonl").read_text() == metrics
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (folder / "ckpt").rglob("*.safetensors")) == weights
     for step in G.eval_steps(cfg):
@@ -201,7 +201,7 @@ def test_a_changed_training_setting_retrains_and_reports_the_new_numbers(finishe
     snakemake(work, "--cores", "2", "--configfile", MICRO, lr)
     new_stamp = json.loads((folder / "settings.json").read_text())["fingerprint"]
     assert new_stamp != old_stamp
-    log = (res / "logs" / "train" / f"{run.path}.log").read_text()
+    log = (res / "logs" / "train" / run.path / f"segment_{min(G.eval_steps(cfg))}.log").read_text()
     assert "settings changed: train.lr" in log and "resumed from checkpoint" not in log, log[-3000:]
     assert (folder / "stale" / old_stamp / "ckpt" / "step_4" / "trainer_state.pt").exists()  # the old work, aside
     assert (folder / "metrics.jsonl").read_text() != old_metrics

@@ -34,7 +34,7 @@ RULES = {
     "grid.memory_models": "warmstart / download_model, run_settings, train",
     "grid.main_model": "run_settings, train (Tables 4, 5, Figure 6)",
     "grid.train": "run_settings, train",
-    "grid.eval": "evaluate (or train, where the training job evaluates its checkpoints)",
+    "grid.eval": "evaluate",
     "grid.methods": "run_settings, train",
     "grid.tables": "train (which runs exist), aggregate",
     "grid.extra_seeds": "train",

@@ -247,7 +247,7 @@ def rank_params(config: dict, model: str) -> dict:
     }
 
 
-def hub_models(config: dict) -> list[str]:
+def run_models(config: dict) -> list[str]:
     """Every model a run of the grid trains from (a DLC run's memory model included), each once."""
     out = []
     for run, spec in run_specs(config):

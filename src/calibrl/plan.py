@@ -213,7 +213,7 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     splits = ["train", *grid["data"]["eval_splits"]]
     data_bytes = (a["train_rows"] + a["eval_problems"]) * a["data_bytes_per_problem"]
     rows.append(Row("data_download", len(splits), 0, 5 / 60, _gb(data_bytes), "login node, CPU"))
-    used = G.hub_models(config)
+    used = G.run_models(config)
     model_bytes = {m: parameters(_hf(config, m)) * a["hf_bytes_per_param"] for m in used}
     seconds = sum(model_bytes.values()) * 8 / (a["download_gbit_per_s"] * 1e9)
     rows.append(

@@ -21,7 +21,7 @@ rule download_model:
 
 
 # Every model the grid's runs train from, prepared first (a DLC run's memory model included).
-MODEL_INFOS = [res(BACKEND.model_file(m)) for m in G.hub_models(config)]
+MODEL_INFOS = [res(BACKEND.model_file(m)) for m in G.run_models(config)]
 
 
 # On a GPU backend: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the

@@ -1,6 +1,6 @@
 # Training: the run's identity (settings.json), then its training in segments, each one job that resumes from the
 # previous segment's checkpoint; what a run trains from and what a job asks SLURM for are its backend's
-# (calibrl.backends: the CPU trainer warm-starts tiny models and trains a run in one job; OpenRLHF trains Hub models
+# (calibrl.backends: the CPU trainer warm-starts tiny models and trains one checkpoint per job; OpenRLHF trains Hub models
 # in SLURM-sized segments of grid.models.<model>.resources.segment_steps). Weights live under ckpt/ undeclared, so
 # a failed job keeps them and resumes; Snakemake tracks the small segment markers. Checkpoints are stamped with the
 # fingerprint of the run's settings.json: a job whose settings changed sets the old ones aside and trains from
@@ -47,7 +47,7 @@ rule run_settings:
         "../../scripts/run_settings.py"
 
 
-# One segment of a run: up to step {end} (the CPU backend: the whole run). A checkpoint's evaluation waits for the
+# One segment of a run: up to step {end}. A checkpoint's evaluation waits for the
 # segment that trains it, so at paper scale a segment's checkpoints are evaluated while the next one trains.
 rule train:
     input:

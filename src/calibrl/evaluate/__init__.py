@@ -33,7 +33,7 @@ EVALUATORS = {
         "env": "../../envs/local.yaml",
     },
     "vllm": {
-        "ignored": {"eval.per_checkpoint": "evaluator vllm always runs one job per checkpoint"},
+        "ignored": {},
         "gpus": True,
         "env": "../../envs/cluster-eval.yaml",
     },

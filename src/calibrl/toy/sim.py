@@ -44,9 +44,11 @@ INITS = ("zero", "random", "warm")
 
 @dataclass(frozen=True)
 class ToySetting:
-    """One configuration of the toy. Defaults are documented in config/config.yaml."""
+    """One configuration of the toy. The defaults are those of ``calibrl toy`` by hand (its ``--help``; no IAC, no
+    DLC, no held-out query); the workflow sets every field from the config's ``toy`` section
+    (``calibrl.toy.figures``)."""
 
-    estimator: str = "norm"
+    estimator: str = "raw"
     group_size: int = 8
     optimizer: str = "sgd"
     lr: float = 0.5

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from calibrl.runs import Run
+from calibrl.runs import Run, checkpoint_steps
 from calibrl.spec import MethodSpec, TrainSettings
 
 METRICS = Path("ckpt") / "metrics.jsonl"
@@ -46,7 +46,10 @@ class LocalBackend:
         return out  # the filtering baseline ranks its queries in the training job, at step 0
 
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
-        return [int(grid["train"]["steps"])]
+        """One job per checkpoint: a checkpoint's evaluation then depends on a segment that a longer run keeps
+        (extending ``steps`` trains and evaluates only the new checkpoints), and evaluates while the next trains."""
+        steps = int(grid["train"]["steps"])
+        return sorted({*checkpoint_steps(grid["train"]["eval_every"], steps), steps})
 
     def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
         return {}
