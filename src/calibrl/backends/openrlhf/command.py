@@ -133,6 +133,7 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
 
     # ---- checkpoints: DeepSpeed state for resuming (rotated, keep_ds_checkpoints kept) and a Hugging Face copy at
     # every eval_every steps, {ckpt}/global_step{k}_hf, never rotated; --ckpt.load_enable resumes from {ckpt}/_actor.
+    # The output_dir's full model at the end of fit is never written (launch.skip_final_save).
     argv += ["--ckpt.path", str(ckpt), "--ckpt.save_steps", str(train["eval_every"]), "--ckpt.save_hf"]
     argv += ["--ckpt.load_enable", "--ckpt.max_num", str(res["keep_ds_checkpoints"])]
     argv += ["--ckpt.output_dir", str(ckpt / "final"), "--ckpt.best_metric_key", "none"]

@@ -12,11 +12,12 @@ patched module is imported:
   sampled groups (Algorithm 1 line 22); vLLM is asked for the sampled token's logprob (``logprobs=1``, one number
   per token) for the divergence check.
 * ``openrlhf.trainer.ppo_trainer``: ``init_checkpoint_states`` starts the memory actor (one GPU), resumes it from
-  ``{ckpt.path}/dlc_memory`` when the run resumes, and broadcasts its weights to the engines; ``train_step``, after
-  the policy's step and broadcast, runs the divergence check when the rollout policy is a saved checkpoint (step 1
-  and the step after each ``global_step{k}_hf``), takes the memory's cross-entropy step on everything recorded,
-  broadcasts ``memory.*`` to every engine, saves the memory with the policy's checkpoints, and logs
-  ``dlc/memory_loss`` and ``dlc/check_*``.
+  ``{ckpt.path}/dlc_memory/global_step{k}`` (the resumed policy's step k) when the run resumes, and broadcasts its
+  weights to the engines; ``train_step``, after the policy's step and broadcast, runs the divergence check when the
+  rollout policy is a saved checkpoint (step 1 and the step after each ``global_step{k}_hf``), takes the memory's
+  cross-entropy step on everything recorded, broadcasts ``memory.*`` to every engine, saves the memory at every
+  saved step (kept while DeepSpeed keeps the policy's state of that step), and logs ``dlc/memory_loss`` and
+  ``dlc/check_*``.
 
 The memory's weights travel like the policy's: ``DLCWorkerWrap`` keeps a second process group (name
 ``MEMORY_GROUP``) beside OpenRLHF's and routes ``update_weight("memory.*")`` through it. Not testable on CPU:
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 from pathlib import Path
 from types import ModuleType
 
 from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.backends.openrlhf.resume import ACTOR, MEMORY
 
 log = logging.getLogger("calibrl.openrlhf.dlc")
 
@@ -183,8 +186,19 @@ def patch_trainer(module: ModuleType, memory_path: str, mu: float, lr: float) ->
     TRAIN_STEP.wrap(module, TAG, step)
 
 
-def _memory_dir(self) -> Path:
-    return Path(self.args.ckpt.path) / "dlc_memory"
+def _memory_dir(self, step: int) -> Path:
+    """The memory's state of ``step``, one per saved policy step: a resumed run (``resume.repair`` may rewind the
+    policy to an earlier tag) takes the memory of the same step."""
+    return Path(self.args.ckpt.path) / MEMORY / f"global_step{step}"
+
+
+def _prune_memory(self, keep: int) -> None:
+    """Drop the memory states whose policy tag DeepSpeed rotated out (``--ckpt.max_num``), except ``keep``."""
+    root = Path(self.args.ckpt.path)
+    tags = {p.name for p in (root / ACTOR).iterdir()} if (root / ACTOR).is_dir() else set()
+    for path in (root / MEMORY).glob("global_step*"):
+        if path.name not in tags and path.name != f"global_step{keep}":
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _start_memory(self, global_step: int, memory_path: str, lr: float) -> None:
@@ -194,9 +208,15 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float) -> None:
 
     # float32 master weights: AdamW steps of lr ~1e-6 vanish in bfloat16; the engines get bfloat16 copies
     self._calibrl_memory = memory = actor(memory_path, lr, dtype="float32")
-    if global_step and (_memory_dir(self) / "memory_state.pt").exists():
-        resumed = ray.get(memory.load.remote(str(_memory_dir(self))))
-        log.info("DLC memory resumed from %s (%d memory steps)", _memory_dir(self), resumed)
+    if global_step:
+        state = _memory_dir(self, global_step)
+        if not state.is_dir():
+            raise RuntimeError(
+                f"DLC: the policy resumes at step {global_step} but {state} is missing; the memory network would "
+                f"restart from its initial weights. Move the run aside to retrain it, or restore that folder."
+            )
+        resumed = ray.get(memory.load.remote(str(state)))
+        log.info("DLC memory resumed from %s (%d memory steps)", state, resumed)
     ray.get(memory.init_broadcast.remote(self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
     if self.args.vllm.enable_sleep:  # engines start asleep (create_vllm_engines); weights must be resident
         from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
@@ -229,6 +249,7 @@ def _memory_step(self, global_step: int, new_step: int, mu: float) -> dict:
         out.update({f"dlc/{k}": float(v) for k, v in stats.items()})
     out["dlc/memory_loss"] = ray.get(memory.step.remote([t[0] for t in triples], [t[1] for t in triples]))
     ray.get(memory.broadcast.remote(self.vllm_engines))
-    if new_step % self.args.ckpt.save_steps == 0:
-        ray.get(memory.save.remote(str(_memory_dir(self))))
+    if new_step % self.args.ckpt.save_steps == 0:  # before the policy's save of the same step (fit's order)
+        ray.get(memory.save.remote(str(_memory_dir(self, new_step))))
+        _prune_memory(self, new_step)
     return out

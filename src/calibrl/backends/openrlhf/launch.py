@@ -5,14 +5,15 @@
 1. builds OpenRLHF's argv from it (``command.build_command``, the prompt file the job prepared beside it) and
    checks it with OpenRLHF's own parser and assertions (``command.check_openrlhf_argv``), and every symbol the
    run's patches wrap in the installed OpenRLHF (``hook.check``), before any GPU is touched;
-2. writes the markers of the checkpoints a previous attempt left (a resumed run), and stops there if the segment's
-   last step (``STOP_AT``) is saved already;
+2. repairs what a previous attempt killed mid-save left (``resume.repair``), writes the markers of the checkpoints
+   it left (a resumed run), and stops there if the segment's last step (``STOP_AT``) is saved already;
 3. records ``STOP_AT`` for the step limit (``steps.write_segment``), then starts Ray, or joins the cluster in
    ``RAY_ADDRESS`` (``ray_cluster.sh`` exports it), with ``hook.setup`` as every worker's
    ``worker_process_setup_hook`` and one variable, ``CALIBRL_SETTINGS``, the settings' path. OpenRLHF's
    ``train()`` calls ``ray.init`` only when Ray is not initialised yet, so this runtime environment is the one
    every actor gets; OpenRLHF's own ``env_vars`` are passed on here for the same reason;
-4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there);
+4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there), without its final full-model
+   save (``skip_final_save``);
 5. writes one marker per Hugging Face checkpoint and fails if one of the ``eval_every`` steps up to ``STOP_AT`` has
    none.
 """
@@ -27,8 +28,10 @@ import runpy
 import sys
 from pathlib import Path
 
-from calibrl.backends.openrlhf import hook, steps
+from calibrl import offline
+from calibrl.backends.openrlhf import hook, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
+from calibrl.backends.openrlhf.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.launch")
@@ -39,30 +42,15 @@ _HF_DIR = re.compile(r"global_step(\d+)_hf")
 
 # -------------------------------------------------------------------------------------------- markers
 def hf_checkpoints(ckpt_dir: str | Path) -> dict[int, Path]:
-    """Complete Hugging Face checkpoints OpenRLHF saved under ``ckpt_dir``, by step.
-
-    0.11.2 saves ``{ckpt.path}/global_step{k}_hf`` (ppo_trainer.py L398, ppo_actor.py L675-681) with
-    ``save_pretrained`` (weights, then config) and the tokenizer last (utils/deepspeed/deepspeed.py
-    L583-589): a directory counts once its config, tokenizer config and weights (or weight index) exist.
-    """
-    found = {}
+    """Complete Hugging Face checkpoints OpenRLHF saved under ``ckpt_dir`` (``{ckpt.path}/global_step{k}_hf``,
+    ppo_trainer.py L398, ppo_actor.py L675-681), by step (``resume.hf_complete``)."""
     root = Path(ckpt_dir)
     if not root.is_dir():
-        return found
+        return {}
+    found = {}
     for path in root.iterdir():
         m = _HF_DIR.fullmatch(path.name)
-        if not (m and path.is_dir()):
-            continue
-        weights = any(
-            (path / w).exists()
-            for w in (
-                "model.safetensors",
-                "model.safetensors.index.json",
-                "pytorch_model.bin",
-                "pytorch_model.bin.index.json",
-            )
-        )
-        if weights and (path / "config.json").exists() and (path / "tokenizer_config.json").exists():
+        if m and path.is_dir() and resume.hf_complete(path):
             found[int(m.group(1))] = path
     return found
 
@@ -107,7 +95,7 @@ def runtime_env(settings_path: str | Path) -> dict:
         "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
     }
-    for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", "HF_HUB_OFFLINE"):
+    for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", *offline.ENV):
         if name in os.environ:
             env[name] = os.environ[name]
     return {"worker_process_setup_hook": hook.SETUP_HOOK, "env_vars": env}
@@ -121,6 +109,25 @@ def openrlhf_argv(settings_path: str | Path) -> list[str]:
     with open(prompts, encoding="utf-8") as fh:
         rows = sum(1 for line in fh if line.strip())
     return build_command(stamp, run_dir, prompts, rows)
+
+
+FINAL_SAVE = Target("openrlhf.trainer.ray.launcher", "RayActorGroup.async_save_model")
+
+
+def skip_final_save() -> None:
+    """No full model in ``--ckpt.output_dir`` when ``fit`` returns (train_ppo_ray.py L191), which it does at every
+    segment's end: the checkpoints of the ``eval_every`` steps are the run's models. Patched here, in the driver,
+    where ``train()`` calls it (a plain class, looked up at call time)."""
+    FINAL_SAVE.check()
+
+    def make(original):
+        def async_save_model(self):
+            log.info("no final model save: the run's models are its step checkpoints")
+            return []
+
+        return async_save_model
+
+    when_imported(FINAL_SAVE.module, lambda module: FINAL_SAVE.wrap(module, "final_save", make))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = settings_path.parent
     ckpt_dir = run_dir / "ckpt" / "openrlhf"
 
+    resume.repair(ckpt_dir, run_dir / "ckpt")  # what a job killed mid-save left
     done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
     if stop_at in done:
         log.info("step %d is already saved in %s: nothing to train", stop_at, ckpt_dir)
@@ -146,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     steps.write_segment(run_dir, stop_at)
+    skip_final_save()
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
     try:
         saved = sys.argv
