@@ -23,6 +23,7 @@ the ``step_{k}.done`` markers Snakemake tracks), ``metrics.jsonl`` and the evalu
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -48,6 +49,10 @@ class RunLocked(RuntimeError):
     """Another live process is training this run."""
 
 
+class LockUnsupported(OSError):
+    """The run folder's file system cannot lock files (a Lustre mount without ``flock``, NFS without locking)."""
+
+
 class StaleCheckpoint(RuntimeError):
     """A checkpoint made with other settings than the ones the job was asked to evaluate."""
 
@@ -61,9 +66,15 @@ def run_lock(run_dir: str | Path) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         holder = _holder(fd)
         os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LockUnsupported(
+                f"{path}: the file system does not support locks ({errno.errorcode.get(exc.errno, exc.errno)}: "
+                f"{exc.strerror}); a Lustre mount needs the 'flock' option (mount -t lustre -o flock), an NFS "
+                f"mount its lock service (not 'nolock'). Put grid.results on such a file system."
+            ) from None
         raise RunLocked(
             f"{run} is being trained by another job ({holder}); two trainers never write one run. "
             f"Wait for it, or stop it, then run again."
@@ -246,7 +257,10 @@ def settings_job(settings: dict, resources: dict | None, out_path: str, inputs: 
     paths = {
         name: str(Path(model_dir(path) if name in MODEL_INPUTS else path).resolve()) for name, path in inputs.items()
     }
-    new = stamp(settings, {name: digest(path) for name, path in paths.items()}, paths, resources)
+    digests = {name: digest(path) for name, path in paths.items()}
+    # where each model's info file is (a download's names its lock: the job checks the folder against it)
+    paths |= {f"{name}_info": str(Path(path).resolve()) for name, path in inputs.items() if name in MODEL_INPUTS}
+    new = stamp(settings, digests, paths, resources)
     log.info("%s: fingerprint %s", settings["run"], new["fingerprint"])
     write_json(out_path, new)
     date_settings(out_path)

@@ -95,11 +95,17 @@ class OpenRLHFBackend:
         (``HF_HUB_OFFLINE=1``), as compute nodes often are: the models are the login node's downloads."""
         import json
 
+        from calibrl import offline
         from calibrl.backends.openrlhf.data import prepare
         from calibrl.backends.openrlhf.launch import PROMPTS
+        from calibrl.checkpoints import MODEL_INPUTS
+        from calibrl.model_store import verify_info
 
-        os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by ray_cluster.sh and the actors it starts
+        offline.apply()  # inherited by ray_cluster.sh and the actors it starts
         stamp = json.loads(Path(settings_path).read_text())
+        for name in MODEL_INPUTS:  # the login node's downloads, at the commits of the lock file
+            if f"{name}_info" in stamp["paths"]:
+                log.info("%s: %s at %s", name, stamp["paths"][name], verify_info(stamp["paths"][f"{name}_info"]))
         prepare(stamp, Path(settings_path).parent / PROMPTS)
         launch = [sys.executable, "-m", "calibrl.backends.openrlhf.launch", str(settings_path), str(int(stop_at))]
         argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *launch]
