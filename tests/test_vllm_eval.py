@@ -35,6 +35,7 @@ from calibrl import checkpoints
 from calibrl import grid as G
 from calibrl.evaluate import evaluate_job
 from calibrl.evaluate.vllm import (
+    _fingerprint,
     engine_kwargs,
     generate_and_grade,
     queue,
@@ -246,7 +247,7 @@ def test_evaluate_job_matches_the_cpu_evaluator_and_the_exact_distribution(ckpt,
 
 
 @pytest.mark.vllm
-def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_path):
+def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_path, caplog):
     """calibrl.evaluate.vllm.rank_job (rank_train) through vLLM with the training sampling (temperature 1, no
     top-k/p)."""
     from calibrl.data.records import write_jsonl
@@ -254,13 +255,29 @@ def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_p
     from calibrl.sampling import sample
     from calibrl.tasks import format_prompt
 
-    grid = _paper_grid()
+    grid = {**_paper_grid(), "models_lock": str(tmp_path / "models.lock.yaml")}
     records = _rows(120, "q")
     write_jsonl(tmp_path / "train.jsonl", records)
-    params = {**G.rank_params({"grid": grid}, grid["main_model"]), "model": str(ckpt)}
+    params = {**G.rank_params({"grid": grid, "results": str(tmp_path)}, grid["main_model"]), "model": str(ckpt)}
     assert params["chat_template"] and params["dtype"] == "float32" and params["samples"] == 8
+    # the checkpoint stands for the login node's download, at the commit the lock names
+    (ckpt / ".complete").write_text("ab" * 20 + "\n")
+    (tmp_path / "models.lock.yaml").write_text(f"{params['hf_id']}@{params['revision']}: {'ab' * 20}\n")
     rank_job(params, str(tmp_path / "train.jsonl"), str(tmp_path / "success.json"), workers=2)
-    rates = json.loads((tmp_path / "success.json").read_text())["rates"]
+    out = json.loads((tmp_path / "success.json").read_text())
+    rates = out["rates"]
+    assert out["commit"] == "ab" * 20 and not (tmp_path / "success.json.partial.jsonl").exists()
+
+    # A job killed at its time limit kept the first half of its ranking; the retry ranks only the rest, and every
+    # rate is the one a single job gives (each query's seed is its own). A torn last line is not trusted.
+    partial = tmp_path / "again.json.partial.jsonl"
+    kept = [json.dumps({"id": r["id"], "rate": rates[r["id"]]}) for r in records[:60]]
+    head = json.dumps({"fingerprint": _fingerprint(params)})
+    partial.write_text("\n".join([head, *kept, '{"id": "q-torn", "ra']) + "\n")
+    with caplog.at_level("INFO", logger="calibrl.evaluate.vllm"):
+        rank_job(params, str(tmp_path / "train.jsonl"), str(tmp_path / "again.json"), workers=2)
+    assert "ranking resumes: 60 of 120 queries ranked" in caplog.text
+    assert json.loads((tmp_path / "again.json").read_text())["rates"] == rates and not partial.exists()
     assert sorted(rates) == sorted(r["id"] for r in records)
     assert all(r * 8 == int(r * 8) for r in rates.values())
     vllm_count = 8 * sum(rates.values())

@@ -82,13 +82,16 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"grid.trainer {config['grid']['trainer']}: its runs take no GPUs, nothing to price")
         return 0
     rows, trains = P.plan(config, overrides)
-    print(P.render(rows, trains, overrides))
+    print(P.render(rows, trains, overrides, gpus=args.gpus))
     grid = config["grid"]
     unpinned = [m for m, spec in {**grid["models"], **grid["memory_models"]}.items() if not spec.get("revision")]
     if unpinned:
-        print(f"\nNOTE models without a pinned revision (grid.models.<name>.revision), main is taken: {unpinned}")
+        print(
+            f"\nNOTE models without a pinned revision (grid.models.<name>.revision): main is resolved once and "
+            f"locked in {G.models_lock(config)}: {unpinned}"
+        )
     if args.profile and Path(args.profile).is_file():
-        warnings = P.check_runtimes(rows, P.slurm_runtimes(args.profile))
+        warnings = P.check_runtimes(rows, P.slurm_runtimes(args.profile), overrides)
         warnings += P.check_gpus(config, P.slurm_gpus(args.profile))
         print("\n".join(["", f"SLURM time limits ({args.profile}):", *(warnings or ["  every job fits"])]))
     return 0
@@ -171,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--configfile", nargs="+", required=True, help="config file(s), layered as snakemake does")
     plan.add_argument("--assume", action="append", metavar="NAME=VALUE", help="override one assumption")
+    plan.add_argument("--gpus", type=int, default=8, help="GPUs you have, for the wall time on them [8]")
     plan.add_argument("--assumptions", action="append", metavar="FILE", help="YAML file of NAME: VALUE overrides")
     plan.add_argument(
         "--profile", default="slurm/config.yaml", help="SLURM profile whose runtimes are checked (read only)"

@@ -19,6 +19,8 @@ Throughput model (per GPU, bf16):
 * training (OpenRLHF, DeepSpeed): ``train_flops_per_param_token x N`` FLOPs per (prompt + response) token at
   ``train_mfu`` of peak on the actor GPUs (fwd + bwd 6N, activation recomputation 2N, the old-policy
   forward 2N, the reference forward 2N).
+* generation ends with its long tail: the longest response (at the budget) finishes alone, each token reading
+  the engine's weights from HBM (``tail_seconds``);
 * a training step = generation of ``prompts_per_step x group_size`` responses on the engine GPUs, then
   training on the actor GPUs, then ``step_overhead_s`` (weight sync, sleep/wake); the phases do not overlap
   (OpenRLHF's synchronous PPO loop), so the job's GPUs are all held for the sum.
@@ -45,7 +47,8 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "train_flops_per_param_token": (12, "6N fwd+bwd + 2N recomputation + 2N old logprobs + 2N reference"),
     "response_fraction": (0.35, "assumption: mean response = 35% of max_new_tokens (Qwen3 non-thinking math)"),
     "prompt_tokens": (200, "assumption: mean rendered prompt (template + chat template + problem)"),
-    "engine_startup_s": (240.0, "assumption: vLLM engine start (weights from shared disk, CUDA graphs)"),
+    "startup_fixed_s": (150.0, "assumption: a GPU job's start: Ray, DeepSpeed, vLLM profiling and CUDA graphs"),
+    "weights_load_gb_per_s": (0.18, "assumption: weights read from the shared file system at job start"),
     "step_overhead_s": (30.0, "assumption: weight broadcast to vLLM, sleep/wake, logging per step"),
     "dapo_generation_factor": (1.5, "assumption: DAPO's dynamic sampling regenerates ~half a batch per step"),
     "train_rows": (40315, "DeepScaleR-Preview-Dataset: 40,315 problems"),
@@ -56,7 +59,12 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "data_bytes_per_problem": (1000, "assumption: one normalised JSONL row, problem + answer + metadata"),
     "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
     "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
-    "ds_checkpoints_kept": (1, "assumption: one DeepSpeed state per run kept for resume (--ckpt.max_num)"),
+    "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
+    "decode_alone_hbm_efficiency": (
+        0.5,
+        "assumption: a lone sequence decodes at ~50% of HBM bandwidth reading the weights (no batching)",
+    ),
+    "runtime_margin": (1.5, "assumption: warn when an estimate x this margin outruns a SLURM runtime"),
     "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
     "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
 }
@@ -112,12 +120,36 @@ def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float) -> float:
     return 1.0 / (compute + kv)
 
 
-def generation_seconds(a: dict, hf_id: str, sequences: float, max_new: int, gpus: float) -> float:
-    """Wall seconds for ``sequences`` responses on ``gpus`` GPUs: prefill plus decode."""
+def generation_seconds(a: dict, hf_id: str, sequences: float, max_new: int, gpus: float, tp: int = 1) -> float:
+    """Wall seconds for ``sequences`` responses on ``gpus`` GPUs (engines of ``tp`` GPUs): prefill and decode of
+    the batch, then its long tail (:func:`tail_seconds`)."""
     response = a["response_fraction"] * max_new
     decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2)
     prefill = sequences * a["prompt_tokens"] * 2 * parameters(hf_id) / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    return (decode + prefill) / gpus
+    return (decode + prefill) / gpus + tail_seconds(a, parameters(hf_id), max_new, tp)
+
+
+def tail_seconds(a: dict, params: float, max_new: int, tp: int = 1) -> float:
+    """The long tail of a batch: its longest response (at the budget: some are truncated) finishes its last
+    tokens alone, each token reading the engine's weights (``2 params / tp`` bytes per GPU) from HBM; an 8,192-token
+    response of Qwen3-8B takes ~80 s so. Batched throughput does not cover it."""
+    per_token = 2 * params / tp / (a["decode_alone_hbm_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
+    return max_new * per_token
+
+
+def startup_seconds(a: dict, *hf_ids: str) -> float:
+    """A GPU job's start: fixed work plus reading its models' bf16 weights (Qwen3-8B: ~240 s)."""
+    weights = sum(parameters(h) * a["hf_bytes_per_param"] for h in hf_ids)
+    return a["startup_fixed_s"] + weights / (a["weights_load_gb_per_s"] * 1e9)
+
+
+def data_rows(config: dict, a: dict) -> tuple[float, float]:
+    """(training rows, evaluation problems): the datasets', or ``grid.data.subset`` per file where set."""
+    data = config["grid"]["data"]
+    cap = data.get("subset")
+    if not cap:
+        return a["train_rows"], a["eval_problems"]
+    return min(a["train_rows"], cap), min(a["eval_problems"], cap * len(data["eval_splits"]))
 
 
 @dataclass
@@ -173,12 +205,13 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     gen_gpus = gpus if lay["colocate_all"] else res["vllm_engines"] * res["vllm_tensor_parallel_size"]
     actor_gpus = roles["actor_gpus"]
     sequences = tr["prompts_per_step"] * tr["group_size"]
-    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus)
+    tp = int(res["vllm_tensor_parallel_size"])
+    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus, tp)
     tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
     flops = a["train_flops_per_param_token"] * n_params * tokens
     memory = G.memory_of(grid, run.model) if m.uses_dlc else None
+    mem_params = parameters(_hf(config, memory)) if memory else 0
     if memory:  # DLC: the memory network runs beside the policy in generation and is trained on the same tokens
-        mem_params = parameters(_hf(config, memory))
         gen *= 1 + mem_params / n_params
         flops += 6 * mem_params * tokens
     if m.dapo:
@@ -187,16 +220,19 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     step = gen + train + a["step_overhead_s"]
     ends = G.segment_ends(config, run)
     longest = max(b - e for b, e in zip(ends, [0, *ends]))
-    segment_h = (longest * step + a["engine_startup_s"]) / 3600
-    run_h = (tr["steps"] * step + len(ends) * a["engine_startup_s"]) / 3600
+    start = startup_seconds(a, hf, *([_hf(config, memory)] if memory else []))
+    segment_h = (longest * step + start) / 3600
+    run_h = (tr["steps"] * step + len(ends) * start) / 3600
     checkpoints = len(G.eval_steps(config))
     keep = G.retention(config)
     # removed once evaluated: the newest, the kept steps, and about one segment's worth awaiting evaluation
     waiting = longest // int(tr["eval_every"])
     kept = min(checkpoints, 1 + len(keep["keep_steps"]) + waiting) if keep["remove_evaluated"] else checkpoints
-    disk = kept * n_params * a["hf_bytes_per_param"] + a["ds_checkpoints_kept"] * n_params * a["ds_bytes_per_param"]
-    if memory:
-        disk += kept * parameters(_hf(config, memory)) * a["hf_bytes_per_param"]
+    # DeepSpeed states: OpenRLHF keeps --ckpt.max_num (rotated before each save); no final/ model (launch.py)
+    states = int(res["keep_ds_checkpoints"])
+    disk = kept * n_params * a["hf_bytes_per_param"] + states * n_params * a["ds_bytes_per_param"]
+    if memory:  # the memory's weights in each policy checkpoint's engine copy, and its state per kept step
+        disk += kept * mem_params * a["hf_bytes_per_param"] + states * mem_params * a["memory_state_bytes_per_param"]
     note = (
         f"{run.path}: {len(ends)} segments of <= {longest} steps, {segment_h:.1f} h each; a step "
         f"{gen:.0f} s generation + {train:.0f} s training on {gpus} GPUs"
@@ -211,7 +247,8 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     runs = G.runs(config)
     rows: list[Row] = []
     splits = ["train", *grid["data"]["eval_splits"]]
-    data_bytes = (a["train_rows"] + a["eval_problems"]) * a["data_bytes_per_problem"]
+    train_rows, eval_problems = data_rows(config, a)
+    data_bytes = (train_rows + eval_problems) * a["data_bytes_per_problem"]
     rows.append(Row("data_download", len(splits), 0, 5 / 60, _gb(data_bytes), "login node, CPU"))
     used = G.run_models(config)
     model_bytes = {m: parameters(_hf(config, m)) * a["hf_bytes_per_param"] for m in used}
@@ -230,9 +267,10 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     if ranked:
         egpus = _eval_gpus(config)
         tr = grid["train"]
+        tp = int(grid["eval"]["tensor_parallel_size"])
         walls = [
-            a["engine_startup_s"]
-            + generation_seconds(a, _hf(config, m), a["train_rows"] * tr["filter_samples"], tr["max_new_tokens"], egpus)
+            startup_seconds(a, _hf(config, m))
+            + generation_seconds(a, _hf(config, m), train_rows * tr["filter_samples"], tr["max_new_tokens"], egpus, tp)
             for m in ranked
         ]
         rows.append(Row("rank_train", len(ranked), egpus, max(walls) / 3600, 0.01, ", ".join(ranked)))
@@ -253,8 +291,9 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     n_ckpt = len(G.eval_steps(config))
     evals = []
     for r in runs:
-        gen = generation_seconds(a, _hf(config, r.model), a["eval_problems"] * ev["n"], ev["max_new_tokens"], egpus)
-        evals.append((n_ckpt, a["engine_startup_s"] + gen))
+        tp = int(ev["tensor_parallel_size"])
+        gen = generation_seconds(a, _hf(config, r.model), eval_problems * ev["n"], ev["max_new_tokens"], egpus, tp)
+        evals.append((n_ckpt, startup_seconds(a, _hf(config, r.model)) + gen))
     jobs = sum(j for j, _ in evals)
     rows.append(
         Row(
@@ -271,19 +310,23 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     return rows, trains
 
 
-def totals(rows: list[Row], trains: list[Row] | None = None) -> dict:
+def totals(rows: list[Row], trains: list[Row] | None = None, gpus: int = 8) -> dict:
     """The whole grid: GPU-hours and disk summed over rules; wall time with every job of a rule running at
     once and the rules one after another (downloads, rank_train, the longest run, an evaluation, aggregate):
-    an upper bound on the critical path with unlimited GPUs (only the filtering run waits for rank_train)."""
+    an upper bound on the critical path with unlimited GPUs (only the filtering run waits for rank_train); and
+    on ``gpus`` GPUs, at least the longer of that path and the GPU-hours spread over them."""
     by = {r.rule: r for r in rows}
     path = ["data_download", "download_model", "rank_train", "train", "evaluate", "aggregate"]
     hours = {name: by[name].wall_h for name in path if name in by}
     if trains:  # a run's segments follow one another: the longest run, not one segment
         hours["train"] = max(t.wall_h for t in trains)
+    gpu_hours = sum(r.gpu_hours for r in rows)
     return {
-        "gpu_hours": sum(r.gpu_hours for r in rows),
+        "gpu_hours": gpu_hours,
         "disk_gb": sum(r.disk_gb for r in rows),
         "critical_path_h": sum(hours.values()),
+        "on_gpus_h": max(sum(hours.values()), gpu_hours / gpus),
+        "gpus": gpus,
     }
 
 
@@ -301,15 +344,17 @@ def slurm_runtimes(profile: str | Path) -> dict[str, float]:
     return out
 
 
-def check_runtimes(rows: list[Row], runtimes: dict[str, float]) -> list[str]:
-    """A warning per rule whose estimated wall time per job exceeds its SLURM ``runtime``."""
+def check_runtimes(rows: list[Row], runtimes: dict[str, float], overrides: dict | None = None) -> list[str]:
+    """A warning per rule whose estimated wall time per job, times ``runtime_margin`` (the estimate's error),
+    exceeds its SLURM ``runtime``."""
+    margin = assumptions(overrides)["runtime_margin"]
     warnings = []
     for r in rows:
         limit = runtimes.get(r.rule, runtimes.get("*"))
-        if limit is not None and r.wall_h * 60 > limit:
+        if limit is not None and r.wall_h * margin * 60 > limit:
             warnings.append(
-                f"WARNING {r.rule}: a job needs ~{r.wall_h:.1f} h, its SLURM runtime is "
-                f"{limit / 60:.1f} h (set-resources.{r.rule}.runtime): it would be killed"
+                f"WARNING {r.rule}: a job needs ~{r.wall_h:.1f} h (x{margin:g} margin: {r.wall_h * margin:.1f} h), "
+                f"its SLURM runtime is {limit / 60:.1f} h (set-resources.{r.rule}.runtime): it could be killed"
             )
     return warnings
 
@@ -336,20 +381,23 @@ def check_gpus(config: dict, gpus: dict[str, int]) -> list[str]:
     ]
 
 
-def render(rows: list[Row], trains: list[Row], overrides: dict | None = None, brief: bool = False) -> str:
-    """The plan as text: per rule, per training run, totals, then the assumptions with their sources
-    (``brief``: the rules and totals only)."""
+def render(
+    rows: list[Row], trains: list[Row], overrides: dict | None = None, brief: bool = False, gpus: int = 8
+) -> str:
+    """The plan as text: per rule, per training run, totals (and the wall time on ``gpus`` GPUs), then the
+    assumptions with their sources (``brief``: the rules and totals only)."""
     a = assumptions(overrides)
     lines = [f"{'rule':<16}{'jobs':>6}{'GPUs/job':>10}{'wall h/job':>12}{'GPU-h':>12}{'disk GB':>10}  note"]
     for r in rows:
         lines.append(
-            f"{r.rule:<16}{r.jobs:>6}{r.gpus:>10g}{r.wall_h:>12.2f}{r.gpu_hours:>12.0f}{r.disk_gb:>10.1f}  {r.note}"
+            f"{r.rule:<16}{r.jobs:>6}{r.gpus:>10g}{r.wall_h:>12.2f}{r.gpu_hours:>12.1f}{r.disk_gb:>10.1f}  {r.note}"
         )
-    t = totals(rows, trains)
+    t = totals(rows, trains, gpus)
     lines.append(
-        f"{'total':<16}{'':>6}{'':>10}{t['critical_path_h']:>12.1f}{t['gpu_hours']:>12.0f}"
+        f"{'total':<16}{'':>6}{'':>10}{t['critical_path_h']:>12.1f}{t['gpu_hours']:>12.1f}"
         f"{t['disk_gb']:>10.1f}  wall: rules in sequence, unlimited GPUs (upper bound)"
     )
+    lines.append(f"on {gpus} GPUs: at least {t['on_gpus_h']:.1f} h (the path above, or the GPU-hours spread over them)")
     if brief:
         return "\n".join(lines)
     lines += ["", "training runs:"] + [

