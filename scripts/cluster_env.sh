@@ -5,12 +5,29 @@
 #   scripts/cluster_env.sh check    resolve the pinned stack + this package against the index, install nothing
 #   scripts/cluster_env.sh post     the steps after the one pip pass, in the python on PATH (also the conda
 #                                   post-deploy of envs/cluster-*.yaml): flash-attn wheel, OpenRLHF, checks
+#   scripts/cluster_env.sh wheel-name [TORCH CUDA ABI PYTAG [PLATFORM]]
+#                                   the flash-attn wheel names for the torch of the python on PATH, or for the
+#                                   one given (e.g. 2.13.0 13.0 TRUE cp311): release_wheel (as flash-attn's
+#                                   setup.py names it), release_url (empty where flash-attn publishes none),
+#                                   build_label (the local version a wheel built here carries), why
+#   scripts/cluster_env.sh find-wheel [TORCH CUDA ABI PYTAG [PLATFORM]]
+#                                   the wheel in the cache for that torch; exit 1 (and why, on stderr) if none
 #
 # What goes in: envs/cluster-gpu.txt (torch, vLLM, OpenRLHF 0.11.2's own requirements, the SLURM job-step
-# plugin) and this checkout (editable), in one pip pass; then flash-attn from a prebuilt wheel, never compiled;
-# then OpenRLHF 0.11.2 without its requirements (all installed already; its pin flash-attn==2.8.3 would make pip
-# compile flash-attn from the sdist, the only thing PyPI has). slurm/config.yaml makes every SLURM job run in
-# this venv (precommand puts its bin/ first on PATH).
+# plugin) and this checkout (editable), in one pip pass; then flash-attn from a prebuilt wheel, never compiled
+# here; then OpenRLHF 0.11.2 without its requirements (all installed already; its pin flash-attn==2.8.3 would
+# make pip compile flash-attn from the sdist, the only thing PyPI has). slurm/config.yaml makes every SLURM job
+# run in this venv (precommand puts its bin/ first on PATH).
+#
+# flash-attn: OpenRLHF cannot run without it (openrlhf/models/ring_attn_utils.py imports it; packing forces
+# flash_attention_2). `post` installs, in this order: FLASH_ATTN_WHEEL if set; else the wheel in the cache
+# $CALIBRL_WHEELS that matches the installed torch exactly (flash-attn version, CUDA major, torch major.minor,
+# C++11 ABI, CPython tag, platform: a wheel built for another torch is never picked); else flash-attn's release
+# wheel, where one exists (2.8.3: torch 2.4-2.8 with CUDA 12 only); else it stops. PyPI's torch 2.13.0 is a
+# CUDA 13.0 build that no release wheel covers: then build the wheel once, as a SLURM job on a GPU node
+# (`sbatch scripts/build_flash_attn.sh`, from this checkout's root; it needs the CUDA 13 toolkit there), which
+# puts it into the cache and installs it; then run `build` (or `post`) again. Before stopping, `post` downloads
+# flash-attn's sdist into the cache, so that the build job needs no index.
 #
 # `check` runs the resolution a `build` would do, for the cluster (CPython 3.11, manylinux_2_28 x86_64, PyPI's
 # torch, i.e. the CUDA build), and compares the OpenRLHF block of envs/cluster-gpu.txt with the Requires-Dist
@@ -25,8 +42,8 @@
 #   INDEX_URL           package index                                        [https://pypi.org/simple]
 #   UV                  uv binary for `check`                                [uv on PATH, else pip]
 #   CHECK_OUT           where `check` writes its lock file                   [a temporary folder]
-#   FLASH_ATTN_WHEEL    path or URL of a flash-attn wheel for this torch/CUDA/Python; default: the release
-#                       wheel that flash-attn's own setup.py would download for the installed torch
+#   FLASH_ATTN_WHEEL    path or URL of a flash-attn wheel for this torch/CUDA/Python (skips the cache)
+#   CALIBRL_WHEELS      the flash-attn wheel cache, on the shared file system  [<repo>/.wheels]
 #   FLASH_ATTN_VERSION  [2.8.3, OpenRLHF 0.11.2's pin]
 set -euo pipefail
 
@@ -36,6 +53,7 @@ OPENRLHF=openrlhf==0.11.2
 INDEX_URL=${INDEX_URL:-https://pypi.org/simple}
 VENV=${CALIBRL_GPU_VENV:-$REPO/.venv-gpu}
 FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION:-2.8.3}
+WHEELS=${CALIBRL_WHEELS:-$REPO/.wheels}
 
 die() {
     echo "cluster_env.sh: $*" >&2
@@ -127,29 +145,112 @@ check() {
 }
 
 # ------------------------------------------------------------------------------------------------ build
-flash_attn_wheel() {  # the wheel for the installed torch, named as flash-attn's setup.py names its release wheels
-    python - "$FLASH_ATTN_VERSION" <<'PY'
-import platform, sys
-import torch
-v = sys.argv[1]
-t = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-cuda = (torch.version.cuda or "").split(".")[0]
-if not cuda:
-    sys.exit("the installed torch has no CUDA: it is not the cluster build")
-abi = str(torch._C._GLIBCXX_USE_CXX11_ABI).upper()
-py = f"cp{sys.version_info.major}{sys.version_info.minor}"
-name = f"flash_attn-{v}+cu{cuda}torch{t}cxx11abi{abi}-{py}-{py}-linux_{platform.machine()}.whl"
-print(f"https://github.com/Dao-AILab/flash-attention/releases/download/v{v}/{name}")
+# The flash-attn wheel for a torch, in the python on PATH: flash_attn_py name|find [TORCH CUDA ABI PYTAG [PLATFORM]];
+# without the torch arguments, those of the installed torch and of this interpreter.
+flash_attn_py() {
+    local mode=$1
+    shift
+    python - "$mode" "$FLASH_ATTN_VERSION" "$WHEELS" "$@" <<'PY'
+import os, platform, re, sys
+
+mode, version, cache, *given = sys.argv[1:]
+if given:
+    torch_version, cuda, abi, py, *plat = given
+    plat = plat[0] if plat else f"linux_{platform.machine()}"
+else:
+    import torch
+
+    torch_version, cuda = torch.__version__, torch.version.cuda or ""
+    abi = str(torch._C._GLIBCXX_USE_CXX11_ABI)
+    py, plat = f"cp{sys.version_info.major}{sys.version_info.minor}", f"linux_{platform.machine()}"
+m = re.match(r"(\d+)\.(\d+)", torch_version)
+if not m:
+    sys.exit(f"cannot read the torch version {torch_version!r}")
+torch_mm = f"{m[1]}.{m[2]}"
+if not re.match(r"\d+(\.\d+)*$", cuda):
+    sys.exit(f"torch {torch_version} has no CUDA (torch.version.cuda is {cuda or None}): a CPU build, not the cluster's")
+cuda_major = int(cuda.split(".")[0])
+abi = {"true": "TRUE", "1": "TRUE", "false": "FALSE", "0": "FALSE"}.get(abi.lower()) or sys.exit(f"ABI {abi!r}: TRUE or FALSE")
+# flash-attn's setup.py (get_wheel_url): `parse("11.8") if major == 11 else parse("12.3")`, so every CUDA >= 12 is cu12
+release = f"flash_attn-{version}+cu{11 if cuda_major == 11 else 12}torch{torch_mm}cxx11abi{abi}-{py}-{py}-{plat}.whl"
+url = f"https://github.com/Dao-AILab/flash-attention/releases/download/v{version}/{release}"
+# 2.8.3's release wheels (.github/workflows/publish.yml at v2.8.3): torch 2.4.0, 2.5.1, 2.6.0, 2.7.1, 2.8.0 x CPython
+# 3.9-3.13 (torch 2.4: to 3.12) x CUDA 12.9 x cxx11abi TRUE/FALSE, linux_x86_64. Other versions: not known here.
+published = version != "2.8.3" or (
+    cuda_major == 12 and plat == "linux_x86_64" and torch_mm in ("2.4", "2.5", "2.6", "2.7", "2.8")
+    and py in ("cp39", "cp310", "cp311", "cp312", "cp313") and (torch_mm, py) != ("2.4", "cp313")
+)
+why = (
+    "" if published else f"flash-attn {version} publishes no wheel for torch {torch_mm} with CUDA {cuda} and {py} "
+    f"(its release wheels: torch 2.4-2.8, CUDA 12, cp39-cp313, linux_x86_64; setup.py would guess {release})"
+)
+# A wheel built here carries this local version (FLASH_ATTN_LOCAL_VERSION; the wheel's name has it lower-cased).
+label = f"cu{cuda_major}torch{torch_mm}cxx11abi{abi}"
+if mode == "name":
+    print(f"release_wheel={release}\nrelease_url={url if published else ''}\nbuild_label={label}\ncuda={cuda}\nwhy={why}")
+    sys.exit()
+want = (version, label.lower(), py, py, plat)
+hits = []
+for name in sorted(os.listdir(cache)) if os.path.isdir(cache) else []:
+    w = re.fullmatch(r"flash_attn-([^-+]+)(?:\+([^-]+))?(?:-\d[^-]*)?-([^-]+)-([^-]+)-([^-]+)\.whl", name)
+    if not w:
+        continue
+    if w[1] == version and (w[2] or "").lower() == want[1] and w.groups()[2:] == want[2:]:
+        hits.append(os.path.join(cache, name))
+    else:
+        print(f"{cache}: not {name} (this torch needs {version}+{label} {py} {plat})", file=sys.stderr)
+if not hits:
+    sys.exit(1)
+print(max(hits, key=os.path.getmtime))
 PY
+}
+
+field() { sed -n "s/^$1=//p" <<< "$2"; }
+
+cache_dir() {  # the wheel cache, created, and ignored by git where it sits inside a checkout
+    mkdir -p "$WHEELS"
+    [ -e "$WHEELS/.gitignore" ] || echo '*' > "$WHEELS/.gitignore"
+}
+
+fetch_sdist() {  # flash-attn's sdist into the cache, for a build job on a node without the index (best effort)
+    ls "$WHEELS"/flash[-_]attn-"$FLASH_ATTN_VERSION".tar.gz > /dev/null 2>&1 && return
+    cache_dir
+    # its setup.py imports torch (no build isolation) and skips the CUDA part only with SKIP_CUDA_BUILD
+    FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTN_LOCAL_VERSION='' python -m pip download --quiet \
+        --disable-pip-version-check --no-deps --no-build-isolation --no-binary :all: --index-url "$INDEX_URL" \
+        -d "$WHEELS" "flash-attn==$FLASH_ATTN_VERSION" > /dev/null 2>&1 &&
+        echo "cluster_env.sh: downloaded flash-attn $FLASH_ATTN_VERSION's sdist into $WHEELS for the build job" >&2 ||
+        echo "cluster_env.sh: could not download flash-attn's sdist (the build job then needs the index)" >&2
+}
+
+flash_attn_source() {  # where `post` installs flash-attn from; stops with what to do where there is none
+    local info url
+    if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then
+        echo "$FLASH_ATTN_WHEEL"
+        return
+    fi
+    info=$(flash_attn_py name) || die "no flash-attn wheel can match this torch (above)"
+    flash_attn_py find && return
+    url=$(field release_url "$info")
+    if [ -n "$url" ]; then
+        echo "$url"
+        return
+    fi
+    fetch_sdist
+    die "$(field why "$info"), and $WHEELS has none built for it ($(field build_label "$info")).
+Build it once, as a SLURM job on a GPU node with the CUDA $(field cuda "$info") toolkit:
+    cd $REPO && sbatch scripts/build_flash_attn.sh     (partition etc.: sbatch -p/-A/-t; see the script)
+It puts the wheel into $WHEELS (CALIBRL_WHEELS) and installs it into $(dirname "$(dirname "$(command -v python)")");
+then run scripts/cluster_env.sh build (or post) again. Or set FLASH_ATTN_WHEEL=<a .whl built for this torch>.
+OpenRLHF 0.11.2 cannot run without flash-attn (openrlhf.models imports it)"
 }
 
 post() {  # in the environment whose python is first on PATH
     local wheel
-    wheel=${FLASH_ATTN_WHEEL:-$(flash_attn_wheel)}
+    wheel=$(flash_attn_source) || exit 1
     echo "flash-attn from $wheel" >&2
-    python -m pip install --no-deps "$wheel" || die "no flash-attn wheel at $wheel. Build one once on a GPU node of \
-this cluster (MAX_JOBS=8 pip wheel --no-deps --no-build-isolation flash-attn==$FLASH_ATTN_VERSION, ~1 h) and \
-set FLASH_ATTN_WHEEL=<that .whl>; OpenRLHF 0.11.2 cannot run without it (openrlhf.models imports flash_attn)"
+    python -m pip install --no-deps "$wheel" || die "cannot install flash-attn from $wheel (from a node without \
+GitHub, download it into $WHEELS; or build one: cd $REPO && sbatch scripts/build_flash_attn.sh)"
     python -m pip install --no-deps --index-url "$INDEX_URL" "$OPENRLHF"
     python -m pip show calibrl > /dev/null 2>&1 || python -m pip install -e "$REPO"   # conda: not in its pip pass
     python -m pip check
@@ -167,8 +268,10 @@ build() {
 
 case ${1:-} in
     check | build | post) "$1" ;;
+    wheel-name) flash_attn_py name "${@:2}" ;;
+    find-wheel) flash_attn_py find "${@:2}" ;;
     *)
-        echo "usage: $0 build|check|post" >&2
+        echo "usage: $0 build|check|post|wheel-name|find-wheel" >&2
         exit 2
         ;;
 esac

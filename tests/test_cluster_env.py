@@ -3,12 +3,17 @@
 The resolution runs ``scripts/cluster_env.sh check`` (what users run before ``build``) against PyPI with uv from
 ``.venv-cluster`` (``make .venv-cluster/.installed``; ``make test`` builds it) for CPython 3.11 on
 manylinux_2_28 x86_64: it needs the network to PyPI and fails, saying so, without it. Nothing is installed.
+
+flash-attn: the wheel names (``cluster_env.sh wheel-name``, as flash-attn's setup.py names its release wheels), the
+pick from the wheel cache (``find-wheel`` and ``post``, on empty files named as wheels), and the checks
+scripts/build_flash_attn.sh makes before it compiles, each on the condition it must detect. No compiling.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "cluster_env.sh"
+BUILD = REPO / "scripts" / "build_flash_attn.sh"
 REQUIREMENTS = REPO / "envs" / "cluster-gpu.txt"
 PROFILE = REPO / "slurm" / "config.yaml"
 CLUSTER_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))
@@ -125,3 +131,221 @@ def test_profile_leaves_gpu_requests_to_the_config():
     for rule in ("train", "evaluate", "rank_train"):
         assert not {"nodes", "gres", "gpu"} & set(resources[rule]), rule
     assert resources["train_metrics"]["slurm_partition"] == "cpu"
+
+
+# ------------------------------------------------------------------------------------------------ flash-attn
+def run_script(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def python_env(python_dir: Path, **extra: str) -> dict:
+    """The scripts' `python` is the first on PATH: this interpreter's, or a test venv's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "FLASH_ATTN_WHEEL")}
+    return {**env, "PATH": f"{python_dir}{os.pathsep}{env['PATH']}", **extra}
+
+
+def cuda_home() -> Path | None:
+    """A CUDA toolkit on this machine (bin/nvcc and include/cuda_runtime.h), for the checks that need a real nvcc."""
+    nvcc = shutil.which("nvcc")
+    homes = [Path(nvcc).parent.parent, Path(nvcc).resolve().parent.parent] if nvcc else []
+    for home in [*homes, Path("/usr/local/cuda")]:
+        if (home / "bin" / "nvcc").exists() and (home / "include" / "cuda_runtime.h").exists():
+            return home
+    return None
+
+
+def nvcc_version(home: Path) -> str:
+    out = subprocess.run([home / "bin" / "nvcc", "--version"], capture_output=True, text=True, check=True).stdout
+    return re.search(r"release (\d+\.\d+)", out)[1]
+
+
+def torch_venv(path: Path, version: str, cuda: str) -> Path:
+    """A venv (no pip) whose `torch` reports this version and CUDA: it stands in for the cluster's torch in the
+    scripts' checks, which read torch.__version__, torch.version.cuda and torch._C._GLIBCXX_USE_CXX11_ABI only."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
+    site = next(path.glob("lib/python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        f"__version__ = {version!r}\n\n\nclass version:\n    cuda = {cuda!r}\n\n\n"
+        "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n"
+    )
+    return path
+
+
+def wheel_name(*torch_facts: str) -> dict[str, str]:
+    proc = run_script(SCRIPT, "wheel-name", *torch_facts, env=python_env(Path(sys.executable).parent))
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines())
+
+
+RELEASES = "https://github.com/Dao-AILab/flash-attention/releases/download/v2.8.3/"
+
+
+@pytest.mark.parametrize(
+    ("torch_facts", "release", "published", "label"),
+    [
+        # PyPI's torch 2.13.0 (CUDA 13.0): setup.py guesses cu12 for every CUDA >= 12, and no such wheel exists
+        ("2.13.0 13.0 TRUE cp311", "cu12torch2.13cxx11abiTRUE-cp311-cp311", False, "cu13torch2.13cxx11abiTRUE"),
+        ("2.13.0+cu130 13.0 True cp311", "cu12torch2.13cxx11abiTRUE-cp311-cp311", False, "cu13torch2.13cxx11abiTRUE"),
+        ("2.8.0+cu128 12.8 TRUE cp311", "cu12torch2.8cxx11abiTRUE-cp311-cp311", True, "cu12torch2.8cxx11abiTRUE"),
+        ("2.6.0 12.4 FALSE cp310", "cu12torch2.6cxx11abiFALSE-cp310-cp310", True, "cu12torch2.6cxx11abiFALSE"),
+        ("2.4.1 11.8 false cp310", "cu11torch2.4cxx11abiFALSE-cp310-cp310", False, "cu11torch2.4cxx11abiFALSE"),
+        ("2.4.0 12.4 TRUE cp313", "cu12torch2.4cxx11abiTRUE-cp313-cp313", False, "cu12torch2.4cxx11abiTRUE"),
+        ("2.10.0 12.8 TRUE cp311", "cu12torch2.10cxx11abiTRUE-cp311-cp311", False, "cu12torch2.10cxx11abiTRUE"),
+    ],
+)
+def test_flash_attn_wheel_names_follow_its_setup_py(torch_facts, release, published, label):
+    """As get_wheel_url in flash-attn 2.8.3's setup.py names them; published: its release wheels (torch 2.4-2.8,
+    CUDA 12.9 only, CPython 3.9-3.13, torch 2.4 to 3.12). The label is CUDA's real major: a build for cu130 is cu13."""
+    names = wheel_name(*torch_facts.split(), "linux_x86_64")
+    assert names["release_wheel"] == f"flash_attn-2.8.3+{release}-linux_x86_64.whl"
+    assert names["release_url"] == (RELEASES + names["release_wheel"] if published else "")
+    assert names["build_label"] == label
+    assert (names["why"] == "") == published and (published or "publishes no wheel" in names["why"])
+
+
+def test_a_cpu_torch_has_no_flash_attn_wheel():
+    import torch
+
+    if torch.version.cuda:
+        pytest.skip("this interpreter's torch is a CUDA build")
+    proc = run_script(SCRIPT, "wheel-name", env=python_env(Path(sys.executable).parent))
+    assert proc.returncode == 1 and "has no CUDA" in proc.stderr, proc.stderr
+
+
+def test_the_cache_gives_only_the_wheel_built_for_this_torch(tmp_path):
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    others = [
+        "flash_attn-2.8.3+cu13torch2.12cxx11abitrue-cp311-cp311-linux_x86_64.whl",  # another torch
+        "flash_attn-2.8.3+cu13torch2.1cxx11abitrue-cp311-cp311-linux_x86_64.whl",  # torch 2.1 (2.13 begins so)
+        "flash_attn-2.8.3+cu12torch2.13cxx11abiTRUE-cp311-cp311-linux_x86_64.whl",  # CUDA 12
+        "flash_attn-2.8.3+cu13torch2.13cxx11abifalse-cp311-cp311-linux_x86_64.whl",  # the other C++ ABI
+        "flash_attn-2.8.3+cu13torch2.13cxx11abitrue-cp312-cp312-linux_x86_64.whl",  # another Python
+        "flash_attn-2.8.3+cu13torch2.13cxx11abitrue-cp311-cp311-linux_aarch64.whl",  # another platform
+        "flash_attn-2.8.2+cu13torch2.13cxx11abitrue-cp311-cp311-linux_x86_64.whl",  # another flash-attn
+        "flash_attn-2.8.3.post1+cu13torch2.13cxx11abitrue-cp311-cp311-linux_x86_64.whl",
+        "flash_attn-2.8.3-cp311-cp311-linux_x86_64.whl",  # no local version: built for which torch?
+        "flash_attn-2.8.3.tar.gz",
+    ]
+    for name in others:
+        (cache / name).touch()
+    env = python_env(Path(sys.executable).parent, CALIBRL_WHEELS=str(cache))
+    torch_213 = ("2.13.0", "13.0", "TRUE", "cp311", "linux_x86_64")
+    miss = run_script(SCRIPT, "find-wheel", *torch_213, env=env)
+    assert miss.returncode == 1 and miss.stdout == "", miss.stdout
+    assert all(f"not {name} " in miss.stderr for name in others if name.endswith(".whl")), miss.stderr
+    built = cache / "flash_attn-2.8.3+cu13torch2.13cxx11abitrue-cp311-cp311-linux_x86_64.whl"  # as pip names it
+    built.touch()
+    hit = run_script(SCRIPT, "find-wheel", *torch_213, env=env)
+    assert hit.returncode == 0 and hit.stdout.strip() == str(built), hit.stderr
+    release = cache / "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"  # downloaded
+    release.touch()
+    hit = run_script(SCRIPT, "find-wheel", "2.8.0+cu128", "12.8", "TRUE", "cp311", "linux_x86_64", env=env)
+    assert hit.returncode == 0 and hit.stdout.strip() == str(release), hit.stderr
+
+
+def test_post_takes_the_wheel_then_the_cache_then_a_release_else_names_the_build(tmp_path):
+    """`post` in a venv whose torch reports 2.13.0/CUDA 13.0 (no pip: each install stops at once, after `post`
+    said which wheel it installs)."""
+    venv = torch_venv(tmp_path / "venv", "2.13.0+cu130", "13.0")
+    cache = tmp_path / "wheels"
+    env = python_env(venv / "bin", CALIBRL_WHEELS=str(cache), INDEX_URL="http://127.0.0.1:9/simple")
+    none = run_script(SCRIPT, "post", env=env)
+    assert none.returncode == 1 and "flash-attn from" not in none.stderr, none.stderr
+    assert "publishes no wheel for torch 2.13" in none.stderr and "cu13torch2.13cxx11abiTRUE" in none.stderr
+    assert "sbatch scripts/build_flash_attn.sh" in none.stderr and str(cache) in none.stderr
+    built = cache / "flash_attn-2.8.3+cu13torch2.13cxx11abitrue-cp311-cp311-linux_x86_64.whl"
+    built.touch()
+    cached = run_script(SCRIPT, "post", env=env)
+    assert f"flash-attn from {built}\n" in cached.stderr and cached.returncode == 1, cached.stderr
+    given = run_script(SCRIPT, "post", env={**env, "FLASH_ATTN_WHEEL": "/site/flash_attn.whl"})
+    assert "flash-attn from /site/flash_attn.whl\n" in given.stderr, given.stderr
+    old = torch_venv(tmp_path / "venv-2.8", "2.8.0+cu128", "12.8")
+    released = run_script(SCRIPT, "post", env={**env, "PATH": f"{old / 'bin'}{os.pathsep}{env['PATH']}"})
+    url = f"{RELEASES}flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+    assert f"flash-attn from {url}\n" in released.stderr, released.stderr
+
+
+# build_flash_attn.sh, run here (outside SLURM): each check stops it before anything is compiled
+def build(venv: Path, tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = python_env(venv / "bin", CALIBRL_GPU_VENV=str(venv), CALIBRL_WHEELS=str(tmp_path / "wheels"), **extra)
+    proc = run_script(BUILD, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert not list(tmp_path.glob("wheels/.build-*")), "compiling began"
+    return proc
+
+
+def test_build_stops_on_a_cpu_torch(tmp_path):
+    import torch
+
+    if torch.version.cuda:
+        pytest.skip("this interpreter's torch is a CUDA build")
+    proc = build(Path(sys.prefix), tmp_path)
+    assert "error: torch has no CUDA" in proc.stderr and "a CPU build" in proc.stderr, proc.stderr
+
+
+def test_build_stops_without_nvcc(tmp_path):
+    venv = torch_venv(tmp_path / "venv", "2.13.0+cu130", "13.0")
+    runtime_only = tmp_path / "cuda-runtime"  # a CUDA_HOME without the compiler
+    (runtime_only / "lib64").mkdir(parents=True)
+    proc = build(venv, tmp_path, CUDA_HOME=str(runtime_only))
+    assert f"error: no nvcc: CUDA_HOME={runtime_only} has no bin/nvcc" in proc.stderr, proc.stderr
+    assert "load the CUDA 13 toolkit" in proc.stderr and "module load cuda/13.0" in proc.stderr
+    if shutil.which("nvcc", path="/usr/bin:/bin") or Path("/usr/local/cuda/bin/nvcc").exists():
+        return  # torch's last resort, /usr/local/cuda, would find one here
+    proc = build(venv, tmp_path, PATH="/usr/bin:/bin")
+    assert "error: no nvcc: no CUDA_HOME, no nvcc on PATH" in proc.stderr, proc.stderr
+
+
+def test_build_stops_on_an_nvcc_of_another_cuda_major(tmp_path):
+    home = cuda_home()
+    if home is None:
+        pytest.skip("no CUDA toolkit here")
+    major = int(nvcc_version(home).split(".")[0])
+    venv = torch_venv(tmp_path / "venv", "2.13.0", f"{major - 1}.8")
+    proc = build(venv, tmp_path, CUDA_HOME=str(home))
+    assert f"is not CUDA {major - 1}: torch refuses to compile" in proc.stderr, proc.stderr
+
+
+def test_build_stops_without_its_build_requirements_then_takes_a_cached_wheel(tmp_path):
+    home = cuda_home()
+    if home is None:
+        pytest.skip("no CUDA toolkit here")
+    version = nvcc_version(home)
+    venv = torch_venv(tmp_path / "venv", "2.13.0", version)  # the toolkit matches; no pip, no psutil
+    proc = build(venv, tmp_path, CUDA_HOME=str(home))
+    assert f"nvcc {version} at {home}" in proc.stderr, proc.stderr
+    assert re.search(r"error: the build requirements .*psutil.* are missing in .* cannot be installed", proc.stderr)
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    cached = cache / f"flash_attn-2.8.3+cu{version.split('.')[0]}torch2.13cxx11abitrue-{py}-{py}-linux_x86_64.whl"
+    cached.touch()
+    proc = build(venv, tmp_path)  # no toolkit needed for what is built already
+    assert f"the cache has {cached} for this torch: installing it, nothing to build" in proc.stderr, proc.stderr
+    assert "pip cannot install" in proc.stderr and "nvcc" not in proc.stderr
+
+
+from test_slurm import local_slurm  # noqa: E402, F401  (a SLURM on loopback, for the module)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.usefixtures("local_slurm")
+def test_build_job_stops_under_sbatch_with_its_cause(tmp_path):
+    """`sbatch scripts/build_flash_attn.sh` from the checkout's root, with its #SBATCH partition gpu and gres gpu:1
+    (stand-in GPUs here) and only CPUs, memory and time scaled down: the job runs a copy from SLURM's spool folder,
+    finds the checkout by the submit folder, and stops on a CPU torch."""
+    import torch
+
+    if torch.version.cuda:
+        pytest.skip("this interpreter's torch is a CUDA build")
+    log = tmp_path / "build-%j.out"
+    cmd = ["sbatch", "--wait", "--cpus-per-task=1", "--mem=500M", "--time=5", f"--output={log}", str(BUILD)]
+    env = {**os.environ, "CALIBRL_GPU_VENV": sys.prefix, "CALIBRL_WHEELS": str(tmp_path / "wheels")}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    job = re.search(r"Submitted batch job (\d+)", proc.stdout)[1]
+    out = (tmp_path / f"build-{job}.out").read_text()
+    assert proc.returncode == 1, proc.stdout + proc.stderr + out
+    assert f"SLURM job {job}: flash-attn 2.8.3 for {sys.prefix}" in out and "error: torch has no CUDA" in out, out
