@@ -10,6 +10,7 @@ trainer, and only when they cannot be imported.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import importlib.machinery
@@ -449,7 +450,7 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     }  # fmt: skip
     for run in RUNS:
         got = [p.name for p in hook.patches(paper_settings(PAPER, run, tmp_path / run.path))]
-        assert got == ["step limit", *expected[run.method]], run
+        assert got == ["step limit", "FusedAdam on torch's kernels", *expected[run.method]], run
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["iac"]["iac_alpha"] = 0.75
     settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path / "x")
@@ -583,11 +584,13 @@ def test_reward_function_grades_in_a_worker_pool(monkeypatch):
 
 # -------------------------------------------------------------------------------------- (d) markers
 def _hf_checkpoint(path: Path, complete: bool = True) -> None:
+    """A Hugging Face copy as OpenRLHF's save_model writes it; incomplete: killed before ``tokenizer.json``."""
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_bytes(b"")
+    (path / "tokenizer_config.json").write_text("{}")
     if complete:
-        (path / "tokenizer_config.json").write_text("{}")
+        (path / "tokenizer.json").write_text("{}")
 
 
 def test_write_markers(tmp_path):
@@ -609,7 +612,7 @@ def test_write_markers(tmp_path):
     marker = json.loads((markers / "step_50.done").read_text())
     policy = str((ckpt / "global_step50_hf").resolve())
     assert marker == {"step": 50, "policy": policy, "fingerprint": stamp["fingerprint"]}
-    (ckpt / "global_step100_hf" / "tokenizer_config.json").write_text("{}")
+    (ckpt / "global_step100_hf" / "tokenizer.json").write_text("{}")
     assert launch.write_markers(ckpt, markers, 50, 200) == [50, 100, 150]  # idempotent, picks up the rest
     with pytest.raises(ValueError):
         launch.write_markers(ckpt, markers, 0, 200)
@@ -669,10 +672,11 @@ FAKES = {
     "scontrol": '#!/bin/bash\n[ "$1 $2 $3" = "show hostnames node[A-C]" ] && printf "nodeA\\nnodeB\\nnodeC\\n"\n',
     # srun: drop its options (and -w's value), run the command
     "srun": '#!/bin/bash\nwhile [[ "$1" == -* ]]; do [ "$1" = -w ] && shift; shift; done\nexec "$@"\n',
-    # ray start --block: note the call, then block like the real one
-    "ray": '#!/bin/bash\necho "$*" >> "$FAKE_LOG"\nexec sleep 300\n',
-    # python that imports ray: the number of nodes started so far
-    "fakepython": '#!/bin/bash\ncat > /dev/null\ngrep -c "^start" "$FAKE_LOG"\n',
+    # ray start --block: note the call, write the head's address where the real one does, block like it
+    "ray": '#!/bin/bash\necho "$*" >> "$FAKE_LOG"\nfor a; do case $a in --temp-dir=*) mkdir -p "${a#*=}"\n'
+    'echo -n 10.0.0.1:6379 > "${a#*=}/ray_current_cluster";; esac; done\nexec sleep 300\n',
+    # python that imports ray: the number of nodes started so far; the script's node-side helpers (-c) run
+    "fakepython": '#!/bin/bash\ncase $1 in -c | *.py) exec python3 "$@" ;; esac\ncat > /dev/null\ngrep -c "^start" "$FAKE_LOG"\n',
 }
 
 
@@ -751,6 +755,13 @@ def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monke
     assert torch.allclose(normed, token_mean * mask.sum() / (B * budget), atol=1e-6)
     assert torch.allclose(normed, aggregate(per_token["x"], mask, "seq-mean-token-sum-norm", budget), atol=1e-6)
     assert models.aggregate_loss is original  # what ppo_actor's KL loss and entropy use: token-mean
+    # ppo_actor binds openrlhf.models' name (its KL loss, L331; its entropy, L347), not openrlhf.models.loss's
+    source = patching._source_file("openrlhf.trainer.ray.ppo_actor").read_text()
+    imports = [
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module == "openrlhf.models"
+    ]
+    assert any(a.name == "aggregate_loss" for n in imports for a in n.names)
+    assert "aggregate_loss(kl, " in source and "entropy_loss = aggregate_loss(" in source
     loss_norm.install(budget)  # idempotent: wrapped once
     assert torch.allclose(loss_fn(logp, old, adv, action_mask=mask, **totals)[0], normed)
     assert L.aggregate_loss.__wrapped__ is original

@@ -7,6 +7,7 @@ that failed jobs are resubmitted as the profile says; the paper's two-node layou
 SLURM and its Ray placement groups from a Ray cluster spanning them.
 """
 
+import ipaddress
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, copy_workflow, free_port, load_config, ray_python, write_config
+from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, write_config
 
 # slow too: minutes, and `-m "not slow"` quick runs should not start daemons
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -361,8 +362,7 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     env = {
         **JOB_ENV,
         "RAY_BIN": str(python.parent / "ray"),
-        "RAY_PYTHON": str(python),
-        "RAY_PORT": str(free_port()),
+        "RAY_PYTHON": str(python),  # no RAY_PORT: the head's GCS picks a free port on its node
         "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
         "RAY_JOIN_TIMEOUT": "180",
         # a CPU per bundle: the stand-in nodes have this host's 2 cores, a GPU node has many (cpus_per_task)
@@ -377,7 +377,15 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     if show:  # slurmctld forgets finished jobs after MinJobAge (300 s)
         assert "NumNodes=2" in show and "TresPerNode=gres:gpu:8" in show and "Partition=gpu" in show, show
     # the Ray head on the allocation's first node and a worker on the other, not the job step's node alone
-    assert re.search(r"ray_cluster.sh: head \S+ \(\S+\), 2 node\(s\), 8 GPU\(s\) per node", Path(log).read_text())
+    text = Path(log).read_text()
+    assert re.search(r"ray_cluster.sh: head \S+ \(\S+\), 2 node\(s\), 8 GPU\(s\) per node", text), text[-3000:]
+    # each node its own temp dir (both nodes are this host here), gone with the job; the head announces a loopback
+    # address, allowed only because every node is on loopback (scripts/local_slurm.sh: NodeAddr=127.0.0.1)
+    found = re.findall(r": Ray (head|worker) at (\S+), temp dir (\S+)", text)
+    nodes = {role: (ip, temp) for role, ip, temp in found}
+    assert nodes.keys() == {"head", "worker"} and nodes["head"][1] != nodes["worker"][1], text[-3000:]
+    assert ipaddress.ip_address(nodes["head"][0]).is_loopback
+    assert not any(Path(temp).parent.exists() for _, temp in nodes.values())
 
     out = json.loads((tmp_path / "ray.json").read_text())
     assert out["ray_nodes"] == [{"GPU": 8.0, "CPU": 8.0}] * 2, out["ray_nodes"]
