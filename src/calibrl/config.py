@@ -42,6 +42,8 @@ RULES = {
     "grid.chat_template": "run_settings, train, evaluate, rank_train",
     "grid.enable_thinking": "run_settings, train, evaluate, rank_train",
     "grid.train.filter_samples": "train (filtering baseline), rank_train (its paper-scale ranking)",
+    "grid.models_lock": "download_model (and every job that reads a Hub model checks against it)",
+    "grid.preflight": "preflight",
 }
 
 

@@ -124,7 +124,7 @@ def data_params(grid: dict, split: str) -> dict:
     if data["source"] == "countdown":
         return {"source": "countdown", "split": split, "rows": data["splits"][split], "seed": data["seed"]}
     key = data["train"] if split == "train" else split
-    return {
+    out = {
         "source": "hub",
         "split": split,
         "dataset": key,
@@ -132,6 +132,9 @@ def data_params(grid: dict, split: str) -> dict:
         "local_files": data.get("local_files", {}).get(key),
         "on_error": data["on_error"],
     }
+    if data.get("subset"):  # only when set: the paper's data params (and files) stay as they are
+        out |= {"subset": data["subset"], "seed": data["seed"]}
+    return out
 
 
 def warmstart_params(config: dict, model: str) -> dict:
@@ -218,10 +221,20 @@ def model_path(config: dict, model: str) -> str:
     return str(Path(root).resolve() / spec["hf_id"].replace("/", "--") / spec.get("revision", "main"))
 
 
+def models_lock(config: dict) -> str:
+    """The lock file of the Hub models' commits (``grid.models_lock``; relative: from the working directory)."""
+    return str(Path(config["grid"]["models_lock"]).resolve())
+
+
 def download_params(config: dict, model: str) -> dict:
-    """What rule ``download_model`` fetches: the Hub id, the pinned revision (None: main), the folder."""
+    """What rule ``download_model`` fetches: the Hub id, the revision (None: main), the folder, the lock file."""
     spec = {**config["grid"]["models"], **config["grid"]["memory_models"]}[model]
-    return {"hf_id": spec["hf_id"], "revision": spec.get("revision"), "path": model_path(config, model)}
+    return {
+        "hf_id": spec["hf_id"],
+        "revision": spec.get("revision"),
+        "path": model_path(config, model),
+        "lock": models_lock(config),
+    }
 
 
 def rank_params(config: dict, model: str) -> dict:
@@ -233,6 +246,7 @@ def rank_params(config: dict, model: str) -> dict:
         "model": model_path(config, model),  # the login node's download (rule download_model), read offline
         "hf_id": grid["models"][model]["hf_id"],
         "revision": grid["models"][model].get("revision", "main"),
+        "lock": models_lock(config),
         "samples": tr["filter_samples"],
         "temperature": tr["temperature"],
         "top_p": tr["top_p"],

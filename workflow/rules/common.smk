@@ -1,8 +1,10 @@
 # Validation of the config and the helpers every rule file uses.
 
+import os
 import re
 
 from calibrl import grid as G
+from calibrl import preflight as PF
 from calibrl.config import validate
 
 # Every problem at once, each named by its key and the rules that read it (calibrl.config), before any job; then
@@ -133,3 +135,23 @@ def run_outputs(run, name):
 
 ALL_EVALS = [run_outputs(r, f"eval/step_{k}.json") for r in RUNS for k in EVAL_STEPS]
 ALL_METRICS = [run_outputs(r, "metrics.jsonl") for r in RUNS]
+
+
+# ---- the preflight (workflow/rules/preflight.smk): one job per GPU request shape, which that shape's jobs await
+PREFLIGHT = PF.shapes(config)
+
+
+wildcard_constraints:
+    shape="|".join(re.escape(s) for s in PREFLIGHT) or "no-gpu-jobs",
+
+
+def preflight_gate(output, request):
+    """Input function: the preflight of the job's request shape, while the job's ``output`` is missing."""
+
+    def gate(wildcards):
+        req = request(wildcards)
+        if not req or os.path.exists(output(wildcards)):
+            return []
+        return [ancient(res(f"preflight/{PF.shape_name(req)}.json"))]
+
+    return gate

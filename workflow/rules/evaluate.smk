@@ -14,6 +14,7 @@ rule evaluate:
         trained=ancient(trained_checkpoint),
         splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
         settings=run_settings,
+        preflight=preflight_gate(lambda w: run_outputs(run_of(w), f"eval/step_{w.step}.json"), lambda w: ENGINE_REQUEST),
     output:
         res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
     params:

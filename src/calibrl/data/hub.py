@@ -34,6 +34,7 @@ import importlib
 import json
 import logging
 import os
+import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -410,6 +411,8 @@ def download(
     local_files: str | None = None,
     on_error: str = "fail",
     check_golds: bool = True,
+    subset: int | None = None,
+    seed: int = 0,
 ) -> dict:
     """Fetch ``key``'s split (see :data:`calibrl.data.benchmarks.BENCHMARKS`), write it as records to
     ``out_path`` and a manifest to ``manifest_path`` (both atomically); return the manifest.
@@ -420,7 +423,8 @@ def download(
     the Hub cannot be reached (or ``HF_HUB_OFFLINE=1``) and no cached copy exists, and
     :class:`~calibrl.data.records.DataError` when the files are there but unusable. Gold answers that
     math-verify cannot parse (``check_golds``) fail the download or, with ``on_error="skip"``, are dropped
-    and counted in the manifest as ``unparseable_gold``.
+    and counted in the manifest as ``unparseable_gold``. ``subset`` keeps that many records, drawn with
+    ``seed``, in their order (a smoke run's small data).
     """
     spec = get_spec(key)
     out_path, manifest_path = Path(out_path), Path(manifest_path)
@@ -457,6 +461,9 @@ def download(
         records = _drop_unparseable_golds(key, records, out_path, on_error)
     if not records:
         raise DataError(f"{key}: no usable rows in {', '.join(files)} (dropped: {records.dropped})")
+    if subset is not None and len(records) > subset:
+        keep = sorted(random.Random(seed).sample(range(len(records)), subset))
+        records = Normalised([records[i] for i in keep], records.dropped, records.n_raw)
     n_written = write_jsonl(out_path, records)
     manifest = {
         "key": key,
@@ -470,6 +477,7 @@ def download(
         "files": file_info,
         "rows_read": records.n_raw,
         "rows_written": n_written,
+        "subset": subset,
         "dropped": records.dropped,
         "jsonl": {"path": str(out_path), "sha256": _sha256(out_path), "rows": n_written},
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -37,6 +37,8 @@ def download_job(params: dict, out_path: str, manifest_path: str) -> None:
         revision=params["revision"],
         local_files=params["local_files"],
         on_error=params["on_error"],
+        subset=params.get("subset"),
+        seed=params.get("seed", 0),
     )
     log.info(
         "%s: %s rows from %s@%s",

@@ -1,0 +1,127 @@
+"""The preflight: what a site's first GPU jobs would die of, found in minutes and named with its fix.
+
+Rule ``preflight`` runs one job per request shape of the grid's GPU jobs (a training layout's nodes x GPUs, the
+evaluator's one node with its engines' GPUs), on the GPU partition, in the jobs' own environment
+(``calibrl.offline``, the GPU venv), and every GPU job of that shape waits for it (workflow/rules/preflight.smk).
+It runs every check of :data:`CHECKS` that the shape's jobs need (``checks``), reports each as pass, fail or
+waived with what it saw, and fails the job, naming each cause and fix, if any check not in
+``grid.preflight.waive`` failed; its output ``preflight/<shape>.json`` is written only when all passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from pathlib import Path
+
+from calibrl import evaluate, offline
+from calibrl import grid as G
+from calibrl import plan as P
+from calibrl.io import write_json
+from calibrl.preflight import checks as C
+
+log = logging.getLogger("calibrl.preflight")
+
+# name: (check, the jobs that need it: "train" for training layouts, "engines" for evaluation and ranking)
+CHECKS = {
+    "gpus": (C.gpus, {"train", "engines"}),
+    "driver": (C.driver, {"train", "engines"}),
+    "compiler": (C.compiler, {"train", "engines"}),
+    "models": (C.models, {"train", "engines"}),
+    "disk": (C.disk, {"train", "engines"}),
+    "lock": (C.lock, {"train"}),
+    "flash_attn": (C.flash_attn, {"train"}),
+    "optimizer": (C.optimizer, {"train"}),
+    "vllm": (C.vllm_engine, {"train", "engines"}),
+    "ray": (C.ray, {"train"}),
+}
+
+
+class PreflightFailed(RuntimeError):
+    """At least one check that is not waived failed."""
+
+
+def shape_name(request: dict) -> str:
+    """``n<nodes>-<gres without colons>``: ``{"nodes": 2, "gres": "gpu:8"}`` -> ``n2-gpu8``."""
+    return f"n{int(request['nodes'])}-{request['gres'].replace(':', '')}"
+
+
+def shapes(config: dict) -> dict[str, dict]:
+    """Every request shape of the grid's GPU jobs, with the kinds of job that use it ({} on CPU backends)."""
+    out: dict[str, dict] = {}
+
+    def add(request: dict, kind: str) -> None:
+        if request:
+            entry = out.setdefault(shape_name(request), {**request, "jobs": set()})
+            entry["jobs"].add(kind)
+
+    for run in G.runs(config):
+        add(G.request(config, run), "train")
+    add(evaluate.request(config["grid"]), "engines")
+    return out
+
+
+def params(config: dict, shape: str) -> dict:
+    """What the preflight job of ``shape`` reads: its request, its checks, the models, the engine to start, the
+    results folder and the planner's disk estimate."""
+    grid = config["grid"]
+    entry = shapes(config)[shape]
+    models = [G.download_params(config, m) for m in G.run_models(config)]
+    smallest = min(models, key=lambda m: P.parameters(m["hf_id"]))
+    return {
+        "shape": shape,
+        "nodes": int(entry["nodes"]),
+        "gpus_per_node": int(entry["gres"].rsplit(":", 1)[1]),
+        "checks": [name for name, (_, jobs) in CHECKS.items() if jobs & entry["jobs"]],
+        "waive": list(grid["preflight"]["waive"]),
+        "models": models,
+        "engine": {
+            "model": smallest["path"],
+            "dtype": grid["eval"]["dtype"],
+            "enforce_eager": grid["eval"]["enforce_eager"],
+            "max_model_len": 512,
+        },
+        "results": str(Path(config["results"]).resolve()),
+        "disk_gb": round(P.totals(*P.plan(config))["disk_gb"], 1),
+    }
+
+
+def run_checks(p: dict) -> list[dict]:
+    """Every check of ``p["checks"]``, in order, each with its status, what it saw, the fix and its seconds."""
+    out = []
+    for name in p["checks"]:
+        check, _ = CHECKS[name]
+        start = time.monotonic()
+        try:
+            row = {"check": name, "status": "pass", "detail": check(p), "fix": ""}
+        except C.Failed as f:
+            row = {"check": name, "status": "fail", "detail": f.cause, "fix": f.fix}
+        except Exception as exc:  # an unforeseen failure is still this check's
+            log.error("%s: %s", name, traceback.format_exc())
+            row = {"check": name, "status": "fail", "detail": f"{type(exc).__name__}: {exc}", "fix": "see the log"}
+        if row["status"] == "fail" and name in p["waive"]:
+            row["status"] = "waived"
+        row["seconds"] = round(time.monotonic() - start, 1)
+        log.info("%-10s %-6s %s%s", name, row["status"], row["detail"], f"  FIX: {row['fix']}" if row["fix"] else "")
+        out.append(row)
+    return out
+
+
+def preflight_job(p: dict, out_path: str) -> None:
+    """Rule preflight's job: run the checks; write ``out_path`` if none failed, else raise naming each failure
+    (the rows are kept beside it, ``<out>.failed.json``)."""
+    offline.apply()
+    rows = run_checks(p)
+    report = {"shape": p["shape"], "checks": rows}
+    failed = [r for r in rows if r["status"] == "fail"]
+    kept = Path(f"{out_path}.failed.json")
+    if failed:
+        write_json(kept, report)
+        lines = [f"  {r['check']}: {r['detail']}\n    fix: {r['fix']}" for r in failed]
+        raise PreflightFailed(
+            f"preflight {p['shape']}: {len(failed)} of {len(rows)} checks failed (grid.preflight.waive accepts a "
+            f"failure knowingly):\n" + "\n".join(lines)
+        )
+    kept.unlink(missing_ok=True)
+    write_json(out_path, report)

