@@ -115,14 +115,17 @@ def test_experiment_runs_and_metric_chart_in_chromium(ui, tmp_path):
 def grid_ui(tmp_path):
     """The grid's MLflow view as the workflow builds it (calibrl.report: aggregation, then the MLflow sync) from
     result files of three runs, served by a real ``mlflow server``."""
-    from conftest import fake_run_results, load_config
+    from conftest import fake_run_results, filled
 
+    from calibrl import grid as G
     from calibrl.report.jobs import aggregate_job
     from calibrl.report.mlflow_view import sync_grid_mlflow
 
-    grid = load_config(REPO)["grid"]
+    grid = filled("config")["grid"]
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac"], "figure6": []}
+    # rule grid_mlflow's params: the methods compiled (calibrl.spec.MethodSpec.to_dict)
+    grid["methods"] = {m: G.method({"grid": grid}, m).to_dict() for m in ("grpo", "iac")}
     res = tmp_path / "results"
     runs = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m", "grpo", 1)]
     evals, metrics = fake_run_results(res, runs, k=8, splits=("test", "ood"))

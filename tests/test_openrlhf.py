@@ -676,7 +676,8 @@ FAKES = {
     "ray": '#!/bin/bash\necho "$*" >> "$FAKE_LOG"\nfor a; do case $a in --temp-dir=*) mkdir -p "${a#*=}"\n'
     'echo -n 10.0.0.1:6379 > "${a#*=}/ray_current_cluster";; esac; done\nexec sleep 300\n',
     # python that imports ray: the number of nodes started so far; the script's node-side helpers (-c) run
-    "fakepython": '#!/bin/bash\ncase $1 in -c | *.py) exec python3 "$@" ;; esac\ncat > /dev/null\ngrep -c "^start" "$FAKE_LOG"\n',
+    "fakepython": '#!/bin/bash\ncase $1 in -c | *.py) exec python3 "$@" ;; esac\n'
+    'cat > /dev/null\ngrep -c "^start" "$FAKE_LOG"\n',
 }
 
 
