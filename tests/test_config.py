@@ -55,9 +55,8 @@ def test_paper_grid_plans_every_run_and_checkpoint(workflow_dir):
     counts = dict(line.split()[:2] for line in out[out.index("Job stats") :].splitlines()[3:] if len(line.split()) == 2)
     # 5 methods x 3 models (Tables 2, 3) + DAPO, DAPO+IAC, DAPO+IAC+DLC (Table 4) + 4 alpha/filter (Table 5)
     assert counts["run_settings"] == counts["train_metrics"] == "22"
-    # trained in segments: 5 runs of 4B x 4 segments of 500 steps, 16 of 8B and 14B x 8 segments of 250, and
-    # DLC's 8B run (a step twice as long) in 14 of 150
-    assert counts["train"] == str(5 * 4 + 16 * 8 + 14)
+    # trained in segments: 5 runs of 4B x 4 segments of 500 steps, 17 of 8B and 14B (DLC's too) x 8 of 250
+    assert counts["train"] == str(5 * 4 + 17 * 8)
     assert counts["evaluate"] == str(22 * 40)  # every 50 steps of 2000
     assert counts["data_download"] == "7"  # DeepScaleR and the six benchmarks
     assert counts["aggregate"] == "1"

@@ -74,14 +74,25 @@ def test_ray_requests_are_the_placement_groups_openrlhf_creates():
         return {role: len(bundles) for role, bundles in r["ray_groups"].items()}
 
     assert groups(PAPER, G.Run("qwen3-14b", "grpo", 0)) == {"actor, reference, vLLM (colocated)": 16}
-    assert groups(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0)) == {"vLLM": 3, "actor": 4, "DLC memory": 1}
+    dlc = G.Run("qwen3-8b", "dapo_iac_dlc", 0)
+    assert groups(PAPER, dlc) == {"actor, reference, vLLM (colocated)": 8}  # the memory's ranks inside it
+    assert groups(_dlc_split(PAPER), dlc) == {"vLLM": 3, "actor": 4, "DLC memory": 1}
+    assert groups(_dlc_split(PAPER, memory_gpus=2), dlc) == {"vLLM": 3, "actor": 4, "DLC memory": 2}
     split = {"nodes": 2, "gpus_per_node": 8, "actor_gpus_per_node": 8, "ref_gpus_per_node": 4, "vllm_engines": 4}
     old = _paper(qwen3_14b={**split, "vllm_tensor_parallel_size": 2})
     assert groups(old, G.Run("qwen3-14b", "grpo", 0)) == {"vLLM": 8, "actor": 16, "reference": 4}
 
 
+def _dlc_split(config: dict, **more) -> dict:
+    """The 8B DLC run on a split layout: vLLM 3 + actor 4 + the memory's GPU(s)."""
+    cfg = copy.deepcopy(config)
+    dlc = {"colocate_all": False, "actor_gpus_per_node": 4, "vllm_engines": 3, **more}
+    cfg["grid"]["models"]["qwen3-8b"]["resources"]["dlc"] = dlc
+    return cfg
+
+
 def test_a_dlc_run_with_a_kl_needs_one_more_gpu():
-    cfg = copy.deepcopy(PAPER)
+    cfg = _dlc_split(PAPER)
     cfg["grid"]["methods"]["dapo_iac_dlc"]["dapo"] = False  # a KL now: the reference model is built
     found = dict(problems(cfg))
     what = found["grid.models.qwen3-8b.resources.dlc"]
@@ -157,8 +168,8 @@ def test_layouts_become_openrlhf_placements(model, method, tmp_path):
         assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (2, 8) == (args.ref.num_nodes, 8)
         assert args.vllm.num_engines * args.vllm.tensor_parallel_size == 16 and args.ds.zero_stage == 3
         assert args.train.max_tokens_per_gpu == 9216
-    elif method == "dapo_iac_dlc":  # split: actor 4, vLLM 3, the memory network's GPU outside OpenRLHF
-        assert not args.train.colocate_all and args.actor.num_gpus_per_node == 4 and args.vllm.num_engines == 3
+    elif method == "dapo_iac_dlc":  # the hybrid engine too; the memory's ranks join its placement group
+        assert args.train.colocate_all and args.vllm.num_engines == 8 and args.ds.zero_stage == 3
         assert args.algo.kl.init_coef == 0  # DAPO: no reference model
     else:
         assert args.train.colocate_all and args.vllm.num_engines == 8 and args.ds.zero_stage == 2
@@ -180,7 +191,7 @@ def test_the_paper_dag_trains_in_segments_on_the_layouts_request(tmp_path):
     out = snakemake(wd, "-n", target, "--profile", "slurm", "--configfile", "config/paper.yaml")
     text = out.stdout + out.stderr
     assert "calibrl plan" in text and "GPU-h" in text and "disk GB" in text
-    assert re.search(r"^train\s+162\s+16\s", text, re.M)  # 22 runs in 162 segments, 16 GPUs the largest
+    assert re.search(r"^train\s+156\s+16\s", text, re.M)  # 22 runs in 156 segments, 16 GPUs the largest
     jobs = [block for block in re.split(r"\n(?=rule )", text) if block.startswith("rule train:")]
     ends = sorted(int(re.search(r"end=(\d+)", b)[1]) for b in jobs)
     assert ends == [250, 500]

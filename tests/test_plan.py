@@ -52,8 +52,8 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     assert rows["data_download"].jobs == 7  # DeepScaleR + six benchmarks
     assert rows["download_model"].jobs == 4  # 4B, 8B, 14B and DLC's 1.7B memory
     assert rows["rank_train"].jobs == 1  # only qwen3-8b runs the filtering baseline
-    # runs in segments of 500 (4B) / 250 steps, DLC's (about twice as long a step) of 150
-    assert len(trains) == 22 and rows["train"].jobs == 5 * 4 + 16 * 8 + 14
+    # runs in segments of 500 (4B) / 250 steps
+    assert len(trains) == 22 and rows["train"].jobs == 5 * 4 + 17 * 8
     assert rows["evaluate"].jobs == 880  # 22 runs x 40 checkpoints
     # model downloads: the four checkpoints in bf16, from the configs' parameter counts
     ids = ["Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"]
@@ -71,8 +71,7 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     # DLC: the memory's weights in each engine checkpoint and its optimizer state beside each DeepSpeed state
     n17 = P.parameters("Qwen/Qwen3-1.7B")
     dlc8 = next(t for t in trains if t.note.startswith("qwen3-8b/dapo_iac_dlc/"))
-    # (its segments of 150 steps leave 3 copies awaiting evaluation)
-    assert dlc8.disk_gb == pytest.approx((n8 * (4 * 2 + 2 * 14) + n17 * (4 * 2 + 2 * 12)) / 1e9)
+    assert dlc8.disk_gb == pytest.approx((n8 * (6 * 2 + 2 * 14) + n17 * (6 * 2 + 2 * 12)) / 1e9)
     assert grpo8.jobs == 8 and grpo8.job_h < 48 and grpo8.wall_h > 48  # each segment fits a 48 h limit
     assert grpo8.gpus == 8 and next(t for t in trains if "qwen3-14b" in t.note).gpus == 16
     # DLC and DAPO cost more than the plain run on the same model

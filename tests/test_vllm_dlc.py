@@ -35,6 +35,9 @@ PAIRS = {
     ),
 }
 FIRST = next(iter(PAIRS))
+# Engines built with compilation on (vLLM's default; on CPU: traced once, inductor): the memory stack is deeper
+# than the policy's, so a memory compiled under the policy's config or cache would not run (vllm_dlc._memory_stack)
+COMPILED = {"policy256h128-memory64h64"}
 MU = 0.5
 PROMPTS = ["12+3=", "7*8=", "(4-1)*2="]
 SHARPEN = 6.0  # final-norm scale: random tiny models are near uniform; peaked ones make the checks bite
@@ -54,6 +57,7 @@ class Engine:
         self.llm, self.vllm, self.tok, self.paths = llm, vllm, tokenizer, paths
         self.policy, self.memory = policy, memory
         self.mu = MU
+        self.compiled = False
 
     def set(self, policy=None, memory=None, mu=None) -> None:
         """Push HF weights (policy names as OpenRLHF broadcasts them, ``memory.*``) and mu into the engine."""
@@ -99,13 +103,15 @@ def engine(request, tmp_path_factory):
     llm = vllm.LLM(
         model=str(root / "policy"),
         dtype="float32",
-        enforce_eager=True,
+        enforce_eager=request.param not in COMPILED,
         max_model_len=64,
         max_num_seqs=64,
         seed=0,
         **engine_kwargs(str(root / "memory"), MU),
     )
-    yield Engine(llm, vllm, tok, policy, memory, {"policy": root / "policy", "memory": root / "memory"})
+    engine = Engine(llm, vllm, tok, policy, memory, {"policy": root / "policy", "memory": root / "memory"})
+    engine.compiled = request.param in COMPILED
+    yield engine
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
@@ -134,6 +140,15 @@ def _engine_vs_hf(engine: Engine, seed: int) -> dict:
 
 @pytest.mark.vllm
 def test_logprobs_equal_composite_before_and_after_updates_and_at_mu_zero(engine):
+    from calibrl.backends.openrlhf.vllm_dlc import compile_configs
+
+    # each stack compiled (where the engine compiles) under its own config: its own AOT cache key
+    stacks = engine.llm.apply_model(compile_configs)[0]
+    widths = {"policy": engine.policy.config.hidden_size, "memory": engine.memory.config.hidden_size}
+    assert {k: v["hidden_size"] for k, v in stacks.items()} == widths
+    assert stacks["policy"]["hash"] != stacks["memory"]["hash"]
+    assert stacks["policy"]["compiled"] == stacks["memory"]["compiled"] == engine.compiled
+
     start_policy, start_memory = engine.policy, engine.memory
     engine.set(policy=start_policy, memory=start_memory, mu=MU)
     assert _engine_vs_hf(engine, seed=1)["check_max_abs"] < 1e-4
@@ -242,13 +257,14 @@ def _first_token_probs(engine: Engine) -> torch.Tensor:
 @pytest.mark.vllm
 @pytest.mark.parametrize("engine", [FIRST], indirect=True)
 def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
-    """A few DLC steps (Algorithm 1 lines 4-6, 21-22) with the memory trainer as a real Ray actor."""
-    from calibrl.backends.openrlhf.memory_actor import actor
+    """A few DLC steps (Algorithm 1 lines 4-6, 21-22) with the memory trainer as a real Ray group of two ranks
+    (FSDP2 over gloo), float32 compute on CPU."""
+    from calibrl.backends.openrlhf.memory_group import MemoryGroup, first
     from calibrl.models import load
 
-    ray = ray_session
     engine.set(policy=engine.policy, memory=load(engine.paths["memory"])[0], mu=MU)
-    memory = actor(str(engine.paths["memory"]), lr=3e-3, micro_batch=16)
+    group = dict(ranks=2, share=0.5, compute_dtype="float32", max_tokens=64)
+    memory = MemoryGroup(str(engine.paths["memory"]), 3e-3, **group)
     rows = torch.arange(len(PROMPTS))
     repeated, first_losses, own, moved = None, [], [], []
     for step in range(4):
@@ -261,16 +277,16 @@ def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
         seqs, learn = _responses(engine, outputs)
         if repeated is None:
             repeated = (seqs, learn)  # the responses of step 0, seen again later
-        first_losses.append(ray.get(memory.loss.remote(*repeated)))
-        before_step = ray.get(memory.step.remote(seqs, learn))
-        own.append((before_step, ray.get(memory.loss.remote(seqs, learn))))
-        weights = ray.get(memory.named_weights.remote())
+        first_losses.append(first(memory.loss(*repeated)))
+        before_step = first(memory.step(seqs, learn))
+        own.append((before_step, first(memory.loss(seqs, learn))))
+        weights = first(memory.full_weights())
         new_memory = load(engine.paths["memory"])[0]
         new_memory.load_state_dict({n[len("memory.") :]: t for n, t in weights}, strict=False)
         engine.set(memory=new_memory)
         top = counts.argmax(-1)  # each prompt's first token sampled most at this step
         moved.append((before[rows, top], _first_token_probs(engine)[rows, top]))
-    first_losses.append(ray.get(memory.loss.remote(*repeated)))
+    first_losses.append(first(memory.loss(*repeated)))
     # each step lowers the memory's loss on the responses it learned (they are what it will see repeated), and
     # the step-0 responses stay better predicted than before any step
     assert all(after < before for before, after in own), own
@@ -284,15 +300,15 @@ def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
 
     # checkpoint and resume: a new actor loaded from the checkpoint continues exactly like the original
     ckpt = tmp_path / "memory_ckpt"
-    ray.get(memory.save.remote(str(ckpt)))
-    resumed = actor(str(engine.paths["memory"]), lr=3e-3, micro_batch=16)
-    assert ray.get(resumed.load.remote(str(ckpt))) == 4
+    first(memory.save(str(ckpt)))
+    resumed = MemoryGroup(str(engine.paths["memory"]), 3e-3, **group)
+    assert first(resumed.load(str(ckpt))) == 4
     seqs, learn = repeated
-    assert ray.get(resumed.step.remote(seqs, learn)) == ray.get(memory.step.remote(seqs, learn))
-    for (n1, a), (n2, b) in zip(ray.get(memory.named_weights.remote()), ray.get(resumed.named_weights.remote())):
+    assert first(resumed.step(seqs, learn)) == first(memory.step(seqs, learn))
+    for (n1, a), (n2, b) in zip(first(memory.full_weights()), first(resumed.full_weights())):
         assert n1 == n2 and torch.equal(a, b), n1
-    ray.kill(memory)
-    ray.kill(resumed)
+    memory.kill()
+    resumed.kill()
 
 
 def test_divergence_check_detects_a_wrong_distribution():
@@ -357,13 +373,15 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
     assert tokens[learn].tolist() == [7, 8, 2]
     assert torch.equal(logprobs[learn], torch.tensor([-0.5, -1.0, -0.1]))
 
-    # installing DLC (the setup hook does for a DLC run) registers the three patches, applied once OpenRLHF is
-    # imported, with the memory's folder, mu and learning rate bound
+    # installing DLC (the setup hook does for a DLC run) registers the patches, applied once OpenRLHF is
+    # imported, with the memory's folder, mu, learning rate and placement (from the run's layout) bound
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    openrlhf_dlc.install("/ckpt/memory", 0.5, 1e-6)
+    openrlhf_dlc.install("/ckpt/memory", 0.5, 1e-6, {"colocate_all": True, "max_tokens_per_gpu": 9216})
     hook = next(f for f in sys.meta_path if isinstance(f, patching._ImportHook))
     trainer = hook.callbacks["openrlhf.trainer.ppo_trainer"]
     assert [c.func for c in trainer] == [openrlhf_dlc.patch_trainer] and trainer[0].keywords["lr"] == 1e-6
+    assert trainer[0].keywords["place"] == {"colocated": True, "gpus": 1, "max_tokens": 9216}
+    assert openrlhf_dlc.patch_launcher in hook.callbacks["openrlhf.trainer.ray.launcher"]
     engines = hook.callbacks["openrlhf.trainer.ray.vllm_engine"]
     assert [c.func for c in engines] == [openrlhf_dlc.patch_engines] and engines[0].keywords["mu"] == 0.5
     assert openrlhf_dlc.patch_generator in hook.callbacks["openrlhf.trainer.ppo_utils.samples_generator"]
@@ -402,8 +420,9 @@ def test_importance_setting_is_the_same_in_the_cpu_trainer_and_openrlhf(tmp_path
 
 
 @pytest.mark.vllm
-def test_rollout_benchmark_runs_quick():
-    """benchmarks/vllm_dlc_rollout.py at its --quick size prints its ratios (timings are not asserted)."""
+def test_dlc_step_benchmark_runs_quick():
+    """benchmarks/dlc_step.py (the composite rollout, the policy's and the memory's updates) at its --quick size
+    prints its ratios and the planner's constant (timings are not asserted)."""
     import re
     import subprocess
     import sys
@@ -412,15 +431,17 @@ def test_rollout_benchmark_runs_quick():
     pytest.importorskip("vllm")
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, str(repo / "benchmarks" / "vllm_dlc_rollout.py"), "--quick"],
+        [sys.executable, str(repo / "benchmarks" / "dlc_step.py"), "--quick"],
         cwd=repo,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"^ratio DLC / floor, [^:]+: \d+\.\d\dx", proc.stdout, re.M), proc.stdout[-3000:]
-    assert "machine:" in proc.stdout
+    out = proc.stdout
+    assert re.search(r"^ratio DLC step / DAPO\+IAC step: \d+\.\d\dx  \(floor \d+\.\d\dx", out, re.M), out[-3000:]
+    assert re.search(r"^memory_update_efficiency \(FLOPs ratio / time ratio\): \d+\.\d\d$", out, re.M), out[-3000:]
+    assert "machine:" in out
 
 
 @pytest.mark.vllm
@@ -473,11 +494,29 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     source = inspect.getsource(cls._generate_vllm)  # the response is processed before the filter drops it
     assert source.index("_process_response_into_experience") < source.index("dynamic_filtering and")
 
-    # the worker extension: the real WorkerWrap's methods, same signatures
+    # the worker extension: the real WorkerWrap's methods, same signatures; the IPC path the memory calls
     ext = openrlhf_dlc.DLCWorkerWrap
     assert issubclass(ext, wrap_mod.WorkerWrap)
     for name in ("init_process_group", "update_weight"):
         assert inspect.signature(getattr(ext, name)) == inspect.signature(getattr(wrap_mod.WorkerWrap, name)), name
+    ipc = inspect.signature(wrap_mod.WorkerWrap.update_weight_cuda_ipc).parameters
+    assert list(ipc) == ["self", "name", "dtype", "shape", "ipc_handles", "empty_cache"]
+
+    # the launcher: RayActorGroup remembers the placement group it put its actors in (the colocated one)
+    launcher = pytest.importorskip("openrlhf.trainer.ray.launcher")
+    cls = launcher.RayActorGroup
+    monkeypatch.setattr(cls, "_initiate_actors", cls._initiate_actors)
+    calls = []
+    monkeypatch.setattr(cls, "_initiate_actors", lambda self, pg, n: calls.append((pg, n)))
+    openrlhf_dlc.patch_launcher(launcher)
+    group = cls.__new__(cls)
+    group._initiate_actors("the pg", 0.2)
+    assert group._calibrl_pg == "the pg" and calls == [("the pg", 0.2)]
+    source = inspect.getsource(cls.__init__)
+    assert "self._initiate_actors(pg, num_gpus_per_actor)" in source
+    from ray.util.placement_group import PlacementGroup
+
+    assert "bundle_specs" in dir(PlacementGroup)  # the memory's ranks: one per bundle of the shared group
 
     # the trainer: train_step(self, rollout_samples, global_step) -> (status, step), init_checkpoint_states(self)
     path = importlib.util.find_spec("openrlhf.trainer").submodule_search_locations[0] + "/ppo_trainer.py"
@@ -496,62 +535,80 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     assert "args.ckpt.path" in text and "args.ckpt.save_steps" in text and "args.vllm.enable_sleep" in text
 
 
-def test_memory_loss_in_logit_chunks_equals_the_full_cross_entropy(tmp_path, monkeypatch):
-    """The memory actor's loss, computed from hidden states with the logits made a few rows at a time and
-    recomputed in backward (so 8k-token responses over Qwen3's vocabulary fit), equals the plain token-mean
-    cross-entropy over full logits, in value and gradient."""
+def test_memory_loss_packed_in_logit_chunks_equals_the_padded_cross_entropy(tmp_path, monkeypatch):
+    """The memory worker's loss (sharded with FSDP2, sequences packed into rows of max_tokens with positions
+    restarting, logits made a few rows at a time and recomputed in backward) equals the plain token-mean
+    cross-entropy of a Hugging Face model over padded full logits, in value and gradient; in bf16 compute it
+    stays close, and its fp32 master weights take AdamW steps that bf16 weights would lose."""
     from calibrl.backends.openrlhf import memory_actor
+    from calibrl.backends.openrlhf.packing import pack, pad_batch
+    from calibrl.models import load
 
     tok = build_tokenizer()
-    save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=5), tok, tmp_path / "m")
+    save(build_model(tok, hidden_size=64, num_layers=2, num_heads=1, num_kv_heads=1, seed=5), tok, tmp_path / "m")
     monkeypatch.setattr(memory_actor, "LOGIT_CHUNK", 3)
-    trainer = memory_actor.MemoryTrainer(str(tmp_path / "m"), lr=1e-3, device="cpu", micro_batch=2)
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+                                       max_tokens=12)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     sequences = [torch.randint(4, 20, (n,), generator=g) for n in (7, 5, 9)]
     learn = [torch.tensor([0] * 3 + [1] * (len(s) - 3)) for s in sequences]
+    assert [b.ids.shape[1] for b in pack(sequences, learn, 12)] == [9, 12]  # 7 + 5 share a row
 
-    ids, attention, target = memory_actor.pad_batch(sequences, learn, trainer.pad_id)
-    logits = trainer.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1].float()
-    reference = torch.nn.functional.cross_entropy(
-        logits[target[:, 1:]], ids[:, 1:][target[:, 1:]]
-    )  # the token mean over every response token of the step
+    reference_model = load(tmp_path / "m")[0]
+    ids, attention, target = pad_batch(sequences, learn, worker.pad_id)
+    logits = reference_model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1].float()
+    reference = torch.nn.functional.cross_entropy(logits[target[:, 1:]], ids[:, 1:][target[:, 1:]])
     reference.backward()
-    expected = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
-    trainer.model.zero_grad(set_to_none=True)
 
     rows = []  # rows of logits the head makes at once: never more than a chunk
-    head = trainer.model.get_output_embeddings()
+    head = worker.model.lm.get_output_embeddings()
     hook = head.register_forward_hook(lambda m, args, out: rows.append(out.numel() // out.shape[-1]))
-    value = trainer._loss(sequences, learn, backward=True)
+    value = worker._run(sequences, learn, backward=True)
     hook.remove()
     assert rows and max(rows) <= 3 and sum(rows) >= sum(int(m.sum()) for m in learn)  # forward + recomputation
     assert value == pytest.approx(float(reference), rel=1e-5)
-    for name, p in trainer.model.named_parameters():
-        assert torch.allclose(p.grad, expected[name], atol=1e-6), name
-    assert trainer.loss(sequences, learn) == pytest.approx(value, rel=1e-5)
+    grads = {n[len("lm.") :]: p.grad.full_tensor() for n, p in worker.model.named_parameters()}
+    for name, p in reference_model.named_parameters():
+        assert torch.allclose(p.grad, grads[name], atol=1e-6), name
+    assert worker.loss(sequences, learn) == pytest.approx(value, rel=1e-5)
+
+    # bf16 compute, fp32 master weights: the loss within bf16's precision, and a step of lr 1e-6 is kept
+    bf16 = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-6, device="cpu", compute_dtype="bfloat16")
+    assert bf16.loss(sequences, learn) == pytest.approx(value, rel=2e-2)
+    before = {n: p.full_tensor().clone() for n, p in bf16.model.named_parameters()}
+    bf16.step(sequences, learn)
+    after = {n: p.full_tensor() for n, p in bf16.model.named_parameters()}
+    name = "lm.model.layers.0.mlp.up_proj.weight"
+    moved = (after[name] != before[name]).float().mean()
+    moved_in_bf16 = (after[name].bfloat16() != before[name].bfloat16()).float().mean()
+    assert after[name].dtype == torch.float32 and moved > 0.9 and moved_in_bf16 < 0.05, (moved, moved_in_bf16)
 
 
 def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monkeypatch):
-    """The logged divergence check of the memory actor: sampling logprobs that are the composite's give ~0,
-    of another mu do not; it reads each sequence's first CHECK_TOKENS only (bounded memory at 8k tokens)."""
+    """The logged divergence check of the memory worker: sampling logprobs that are the composite's give ~0,
+    of another mu do not; it reads each sequence's first CHECK_TOKENS only (bounded memory at 8k tokens), and
+    holds the policy only while it checks."""
     from calibrl.backends.openrlhf import memory_actor
+    from calibrl.backends.openrlhf.packing import pad_batch
+    from calibrl.models import load
 
     tok = build_tokenizer()
     policy = _peaked(tok, dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=6))
     save(policy, tok, tmp_path / "policy")
     save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=7), tok, tmp_path / "m")
-    trainer = memory_actor.MemoryTrainer(str(tmp_path / "m"), lr=1e-3, device="cpu")
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32")
     g = torch.Generator().manual_seed(1)
     sequences = [torch.randint(4, 20, (n,), generator=g) for n in (9, 6)]
     learn = [torch.tensor([0] * 2 + [1] * (len(s) - 2), dtype=torch.bool) for s in sequences]
-    ids, _, mask = memory_actor.pad_batch(sequences, learn, trainer.pad_id)
+    ids, _, mask = pad_batch(sequences, learn, worker.pad_id)
     with torch.no_grad():
-        exact = composite_logprobs(policy, trainer.model.eval(), MU, ids, mask)
+        exact = composite_logprobs(policy, load(tmp_path / "m")[0].eval(), MU, ids, mask)
     logprobs = [exact[i, : len(s)] for i, s in enumerate(sequences)]
 
-    stats = trainer.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
+    stats = worker.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
     assert stats["check_max_abs"] < 1e-4 and stats["check_tokens"] == int(mask.sum())
-    assert trainer.check(str(tmp_path / "policy"), 0.0, sequences, learn, logprobs)["check_mean_abs"] > 1e-2
+    assert worker.check(str(tmp_path / "policy"), 0.0, sequences, learn, logprobs)["check_mean_abs"] > 1e-2
     monkeypatch.setattr(memory_actor, "CHECK_TOKENS", 5)
-    stats = trainer.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
+    stats = worker.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
     assert stats["check_max_abs"] < 1e-4 and stats["check_tokens"] == 2 * 3  # tokens 2..4 of each sequence
+    assert not [k for k in vars(worker) if "policy" in k]  # nothing of the policy kept between checks

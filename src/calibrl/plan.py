@@ -37,6 +37,9 @@ import yaml
 from calibrl import grid as G
 from calibrl.backends.openrlhf import layout as L
 
+# benchmarks/dlc_step.py on this project's CPU machine (see docs/cluster.md, "DLC"): FLOPs ratio / time ratio
+MEMORY_UPDATE_EFFICIENCY = 0.5
+
 # name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
 ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "gpu_peak_tflops": (989.0, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16"),
@@ -60,6 +63,12 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
     "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
     "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
+    "memory_flops_per_param_token": (8, "DLC memory update: 6N fwd+bwd + 2N recomputation (no old or ref forward)"),
+    "memory_update_efficiency": (
+        MEMORY_UPDATE_EFFICIENCY,
+        "measured: the memory update's FLOP rate over the policy update's at equal tokens, same code "
+        "(benchmarks/dlc_step.py, CPU; GPU to confirm)",
+    ),
     "decode_alone_hbm_efficiency": (
         0.5,
         "assumption: a lone sequence decodes at ~50% of HBM bandwidth reading the weights (no batching)",
@@ -111,22 +120,34 @@ def assumptions(overrides: dict | None = None) -> dict:
     return values
 
 
-def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float) -> float:
-    """Output tokens/s of one GPU generating with ``hf_id`` at a mean context of ``mean_context`` tokens."""
-    if f"gen_tokens_per_s.{hf_id}" in a:
+def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float, memory: str | None = None) -> float:
+    """Output tokens/s of one GPU generating with ``hf_id`` at a mean context of ``mean_context`` tokens; with DLC's
+    ``memory``, both stacks run on every token (weights and KV cache of both)."""
+    if f"gen_tokens_per_s.{hf_id}" in a and memory is None:
         return a[f"gen_tokens_per_s.{hf_id}"]
-    compute = 2 * parameters(hf_id) / (a["gen_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    kv = kv_bytes_per_token(hf_id) * mean_context / (a["gen_kv_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
+    models = [hf_id, *([memory] if memory else [])]
+    compute = 2 * sum(map(parameters, models)) / (a["gen_mfu"] * a["gpu_peak_tflops"] * 1e12)
+    kv = sum(map(kv_bytes_per_token, models)) * mean_context / (a["gen_kv_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
     return 1.0 / (compute + kv)
 
 
-def generation_seconds(a: dict, hf_id: str, sequences: float, max_new: int, gpus: float, tp: int = 1) -> float:
+def generation_seconds(
+    a: dict, hf_id: str, sequences: float, max_new: int, gpus: float, tp: int = 1, memory: str | None = None
+) -> float:
     """Wall seconds for ``sequences`` responses on ``gpus`` GPUs (engines of ``tp`` GPUs): prefill and decode of
-    the batch, then its long tail (:func:`tail_seconds`)."""
+    the batch, then its long tail (:func:`tail_seconds`); ``memory``: DLC's composite (both stacks)."""
+    params = parameters(hf_id) + (parameters(memory) if memory else 0)
     response = a["response_fraction"] * max_new
-    decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2)
-    prefill = sequences * a["prompt_tokens"] * 2 * parameters(hf_id) / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    return (decode + prefill) / gpus + tail_seconds(a, parameters(hf_id), max_new, tp)
+    decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2, memory)
+    prefill = sequences * a["prompt_tokens"] * 2 * params / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
+    return (decode + prefill) / gpus + tail_seconds(a, params, max_new, tp)
+
+
+def memory_update_seconds(a: dict, memory: str, tokens: float, gpus: int) -> float:
+    """DLC's memory step on ``tokens`` (every sampled sequence, prompts included) over ``gpus`` ranks (FSDP):
+    ``memory_flops_per_param_token x N_m`` FLOPs per token at ``train_mfu x memory_update_efficiency``."""
+    flops = a["memory_flops_per_param_token"] * parameters(memory) * tokens
+    return flops / (a["train_mfu"] * a["memory_update_efficiency"] * a["gpu_peak_tflops"] * 1e12 * gpus)
 
 
 def tail_seconds(a: dict, params: float, max_new: int, tp: int = 1) -> float:
@@ -206,18 +227,20 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
     actor_gpus = roles["actor_gpus"]
     sequences = tr["prompts_per_step"] * tr["group_size"]
     tp = int(res["vllm_tensor_parallel_size"])
-    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus, tp)
+    memory = G.memory_of(grid, run.model) if m.uses_dlc else None
+    mem_hf = _hf(config, memory) if memory else None
+    mem_params = parameters(mem_hf) if memory else 0
+    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus, tp, mem_hf)  # DLC: both stacks
     tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
     flops = a["train_flops_per_param_token"] * n_params * tokens
-    memory = G.memory_of(grid, run.model) if m.uses_dlc else None
-    mem_params = parameters(_hf(config, memory)) if memory else 0
-    if memory:  # DLC: the memory network runs beside the policy in generation and is trained on the same tokens
-        gen *= 1 + mem_params / n_params
-        flops += 6 * mem_params * tokens
-    if m.dapo:
-        gen *= a["dapo_generation_factor"]
+    sampled = a["dapo_generation_factor"] if m.dapo else 1.0
+    gen *= sampled
     train = flops / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12 * actor_gpus)
-    step = gen + train + a["step_overhead_s"]
+    update = train
+    if memory:  # every sampled sequence, DAPO's dropped groups too; after the policy's on shared GPUs, else beside
+        mem = memory_update_seconds(a, mem_hf, tokens * sampled, roles["memory_ranks"])
+        update = train + mem if lay["colocate_all"] else max(train, mem)
+    step = gen + update + a["step_overhead_s"]
     ends = G.segment_ends(config, run)
     longest = max(b - e for b, e in zip(ends, [0, *ends]))
     start = startup_seconds(a, hf, *([_hf(config, memory)] if memory else []))
@@ -235,7 +258,7 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
         disk += kept * mem_params * a["hf_bytes_per_param"] + states * mem_params * a["memory_state_bytes_per_param"]
     note = (
         f"{run.path}: {len(ends)} segments of <= {longest} steps, {segment_h:.1f} h each; a step "
-        f"{gen:.0f} s generation + {train:.0f} s training on {gpus} GPUs"
+        f"{gen:.0f} s generation + {update:.0f} s training on {gpus} GPUs"
     )
     return Row("train", len(ends), gpus, run_h, _gb(disk), note, run_h * gpus, segment_h)
 

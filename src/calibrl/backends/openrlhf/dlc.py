@@ -11,17 +11,21 @@ patched module is imported:
   (``_process_response_into_experience``), before DAPO's filter drops a group, so the memory learns from all
   sampled groups (Algorithm 1 line 22); vLLM is asked for the sampled token's logprob (``logprobs=1``, one number
   per token) for the divergence check.
-* ``openrlhf.trainer.ppo_trainer``: ``init_checkpoint_states`` starts the memory actor (one GPU), resumes it from
-  ``{ckpt.path}/dlc_memory/global_step{k}`` (the resumed policy's step k) when the run resumes, and broadcasts its
-  weights to the engines; ``train_step``, after the policy's step and broadcast, runs the divergence check when the
-  rollout policy is a saved checkpoint (step 1 and the step after each ``global_step{k}_hf``), takes the memory's
-  cross-entropy step on everything recorded, broadcasts ``memory.*`` to every engine, saves the memory at every
-  saved step (kept while DeepSpeed keeps the policy's state of that step), and logs ``dlc/memory_loss`` and
-  ``dlc/check_*``.
+* ``openrlhf.trainer.ray.launcher``: ``RayActorGroup`` remembers the placement group its actors went to, so the
+  memory's ranks can join the colocated one.
+* ``openrlhf.trainer.ppo_trainer``: ``init_checkpoint_states`` starts the memory group (``memory_group``: a rank
+  on every GPU of a colocated run, or ``memory_gpus`` GPUs of its own), resumes it from
+  ``{ckpt.path}/dlc_memory/global_step{k}`` (the resumed policy's step k) when the run resumes, and sends its
+  weights to the engines; ``train_step`` runs the divergence check when the rollout policy is a saved checkpoint
+  (step 1 and the step after each ``global_step{k}_hf``) and the memory's cross-entropy step on everything
+  recorded: beside the policy's step when the memory has GPUs of its own, after it when it shares them (both are
+  compute-bound there). Then ``memory.*`` goes to every engine, the memory is saved at every saved step (kept
+  while DeepSpeed keeps the policy's state of that step), and ``dlc/memory_loss`` and ``dlc/check_*`` are logged.
 
-The memory's weights travel like the policy's: ``DLCWorkerWrap`` keeps a second process group (name
-``MEMORY_GROUP``) beside OpenRLHF's and routes ``update_weight("memory.*")`` through it. Not testable on CPU:
-this path needs GPUs, NCCL and DeepSpeed; ``memory_actor`` and ``vllm_dlc`` are tested on CPU.
+The memory's weights travel like the policy's: by CUDA IPC when colocated (``WorkerWrap.update_weight_cuda_ipc``,
+the memory's rank on each GPU handing its copy to that GPU's engine), else through a second NCCL group (name
+``MEMORY_GROUP``) that ``DLCWorkerWrap`` keeps beside OpenRLHF's. Not testable on CPU: this path needs GPUs, NCCL
+and DeepSpeed; ``memory_actor``, ``memory_group`` and ``vllm_dlc`` are tested on CPU.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ WORKER_WRAP = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.init_p
 UPDATE_WEIGHT = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight")
 BATCH_CALL = Target(ENGINE, "batch_vllm_engine_call")
 PROCESS_GROUP = Target("openrlhf.utils.distributed_util", "stateless_init_process_group")
+LAUNCHER = "openrlhf.trainer.ray.launcher"
+ACTOR_GROUP = Target(LAUNCHER, "RayActorGroup._initiate_actors")
+IPC_UPDATE = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight_cuda_ipc")
+GPU_ID = Target("openrlhf.trainer.ray.utils", "get_physical_gpu_id")
 TARGETS = (
     ENGINE_ARGS,
     PROCESS,
@@ -59,20 +67,29 @@ TARGETS = (
     UPDATE_WEIGHT,
     BATCH_CALL,
     PROCESS_GROUP,
+    ACTOR_GROUP,
+    IPC_UPDATE,
+    GPU_ID,
 )
 MEMORY_GROUP = "calibrl_dlc_memory"
 CHECK_SEQUENCES = 4
 TAG = "dlc"
 
 
-def install(memory_path: str, mu: float, lr: float) -> None:
-    """Register the three patches: sampling from the composite at ``mu``, the memory (``memory_path``) trained at
-    ``lr`` after every step."""
+def install(memory_path: str, mu: float, lr: float, layout: dict) -> None:
+    """Register the patches: sampling from the composite at ``mu``, the memory (``memory_path``) trained at ``lr``
+    every step, placed as the run's ``layout`` says (``layout.roles``: colocated or ``memory_gpus``)."""
     if not mu > 0 or not lr > 0:
         raise ValueError(f"DLC needs mu > 0 and a memory learning rate > 0, got {mu}, {lr}")
+    place = {
+        "colocated": bool(layout["colocate_all"]),
+        "gpus": int(layout.get("memory_gpus", 1)),
+        "max_tokens": int(layout.get("max_tokens_per_gpu", 16192)),
+    }
     when_imported(ENGINE, functools.partial(patch_engines, memory_path=memory_path, mu=mu))
     when_imported(GENERATOR, patch_generator)
-    when_imported(TRAINER, functools.partial(patch_trainer, memory_path=memory_path, mu=mu, lr=lr))
+    when_imported(LAUNCHER, patch_launcher)
+    when_imported(TRAINER, functools.partial(patch_trainer, memory_path=memory_path, mu=mu, lr=lr, place=place))
 
 
 # -------------------------------------------------------------------------------------------- engines
@@ -164,20 +181,35 @@ def tokens_of(experience):
     return seq, learn, lp
 
 
+# ------------------------------------------------------------------------------------------- launcher
+def patch_launcher(module: ModuleType) -> None:
+    def initiate(original):
+        def _initiate_actors(self, pg, num_gpus_per_actor):
+            self._calibrl_pg = pg  # the shared placement group of a colocated run (None: the group makes its own)
+            return original(self, pg, num_gpus_per_actor)
+
+        return _initiate_actors
+
+    ACTOR_GROUP.wrap(module, TAG, initiate)
+
+
 # -------------------------------------------------------------------------------------------- trainer
-def patch_trainer(module: ModuleType, memory_path: str, mu: float, lr: float) -> None:
+def patch_trainer(module: ModuleType, memory_path: str, mu: float, lr: float, place: dict) -> None:
     def init_states(original):
         def init_checkpoint_states(self):
             states = original(self)
-            _start_memory(self, int(states.get("global_step", 0)), memory_path, lr)
+            _start_memory(self, int(states.get("global_step", 0)), memory_path, lr, place)
             return states
 
         return init_checkpoint_states
 
     def step(original):
         def train_step(self, rollout_samples, global_step):
+            # the memory's own GPUs: its step runs beside the policy's (both from this rollout); shared: after it
+            pending = None if place["colocated"] else _memory_submit(self, global_step, mu)
             status, new_step = original(self, rollout_samples, global_step)
-            status.update(_memory_step(self, global_step, new_step, mu))
+            pending = pending or _memory_submit(self, global_step, mu)
+            status.update(_memory_finish(self, pending, new_step, place["colocated"]))
             return status, new_step
 
         return train_step
@@ -201,13 +233,23 @@ def _prune_memory(self, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_memory(self, global_step: int, memory_path: str, lr: float) -> None:
+def _start_memory(self, global_step: int, memory_path: str, lr: float, place: dict) -> None:
     import ray
+    from ray.util.placement_group import placement_group
 
-    from calibrl.backends.openrlhf.memory_actor import actor
+    from calibrl.backends.openrlhf.memory_group import COLOCATED_SHARE, MemoryGroup, first
 
-    # float32 master weights: AdamW steps of lr ~1e-6 vanish in bfloat16; the engines get bfloat16 copies
-    self._calibrl_memory = memory = actor(memory_path, lr, dtype="float32")
+    if place["colocated"]:  # a rank in every bundle of the shared group, beside each GPU's engine
+        pg = getattr(self.actor_model_group, "_calibrl_pg", None)
+        if pg is None:
+            raise RuntimeError("DLC (colocated): OpenRLHF's shared placement group was not recorded (patch_launcher)")
+        ranks, share = len(pg.bundle_specs), COLOCATED_SHARE
+    else:
+        ranks, share = place["gpus"], 1.0
+        pg = placement_group([{"GPU": 1, "CPU": 1}] * ranks, strategy="PACK")
+        ray.get(pg.ready())
+    memory = MemoryGroup(memory_path, lr, ranks, pg, share, max_tokens=place["max_tokens"])
+    self._calibrl_memory = memory
     if global_step:
         state = _memory_dir(self, global_step)
         if not state.is_dir():
@@ -215,14 +257,14 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float) -> None:
                 f"DLC: the policy resumes at step {global_step} but {state} is missing; the memory network would "
                 f"restart from its initial weights. Move the run aside to retrain it, or restore that folder."
             )
-        resumed = ray.get(memory.load.remote(str(state)))
-        log.info("DLC memory resumed from %s (%d memory steps)", state, resumed)
-    ray.get(memory.init_broadcast.remote(self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
+        log.info("DLC memory resumed from %s (%d memory steps)", state, first(memory.load(str(state))))
+    if not place["colocated"]:
+        ray.get(memory.init_broadcast(self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
     if self.args.vllm.enable_sleep:  # engines start asleep (create_vllm_engines); weights must be resident
         from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 
         batch_vllm_engine_call(self.vllm_engines, "wake_up", tags=["weights"])
-    ray.get(memory.broadcast.remote(self.vllm_engines))
+    ray.get(memory.broadcast(self.vllm_engines, place["colocated"]))
 
 
 def _rollout_policy(self, global_step: int) -> str | None:
@@ -233,23 +275,32 @@ def _rollout_policy(self, global_step: int) -> str | None:
     return str(path) if path.is_dir() else None
 
 
-def _memory_step(self, global_step: int, new_step: int, mu: float) -> dict:
-    import ray
-
+def _memory_submit(self, global_step: int, mu: float) -> dict:
+    """Start the check (with the memory the engines sampled with) and the memory's step on this rollout."""
     memory = self._calibrl_memory
     seen = self.samples_generator.__dict__.pop("_calibrl_dlc_seen", [])
     if not seen:
         raise RuntimeError("DLC: no sampled responses were recorded for the memory step")
     triples = [tokens_of(e) for e in seen]
-    out = {"dlc/memory_samples": float(len(triples))}
     policy = _rollout_policy(self, global_step)
     checked = [t for t in triples if t[2] is not None][:CHECK_SEQUENCES]
-    if policy is not None and checked:
-        stats = ray.get(memory.check.remote(policy, mu, *zip(*checked)))  # the memory used for sampling
-        out.update({f"dlc/{k}": float(v) for k, v in stats.items()})
-    out["dlc/memory_loss"] = ray.get(memory.step.remote([t[0] for t in triples], [t[1] for t in triples]))
-    ray.get(memory.broadcast.remote(self.vllm_engines))
+    check = memory.check(policy, mu, *zip(*checked)) if policy is not None and checked else None
+    step = memory.step([t[0] for t in triples], [t[1] for t in triples])
+    return {"samples": len(triples), "check": check, "step": step}
+
+
+def _memory_finish(self, pending: dict, new_step: int, colocated: bool) -> dict:
+    import ray
+
+    from calibrl.backends.openrlhf.memory_group import first
+
+    memory = self._calibrl_memory
+    out = {"dlc/memory_samples": float(pending["samples"])}
+    if pending["check"] is not None:
+        out.update({f"dlc/{k}": float(v) for k, v in first(pending["check"]).items()})
+    out["dlc/memory_loss"] = first(pending["step"])
+    ray.get(memory.broadcast(self.vllm_engines, colocated))
     if new_step % self.args.ckpt.save_steps == 0:  # before the policy's save of the same step (fit's order)
-        ray.get(memory.save.remote(str(_memory_dir(self, new_step))))
+        ray.get(memory.save(str(_memory_dir(self, new_step))))
         _prune_memory(self, new_step)
     return out

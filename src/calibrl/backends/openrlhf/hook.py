@@ -53,7 +53,7 @@ def patches(settings_path: str | Path) -> list[Patch]:
         out.append(Patch("Dr. GRPO's normaliser", loss_norm.TARGETS, functools.partial(loss_norm.install, length)))
     if spec.uses_dlc:
         memory = stamp["paths"]["memory"]
-        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr)
+        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, stamp["resources"])
         out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install))
     return out
 

