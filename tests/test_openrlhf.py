@@ -457,7 +457,9 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     (iac_install,) = [p.install for p in hook.patches(settings) if p.name.startswith("IAC")]
     assert iac_install.func is iac_patch.install and iac_install.args == (0.75,)
     dlc_patch = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path))][-1]
-    assert dlc_patch.install.args == (str(tmp_path / "memory"), 0.5, 1e-6)  # the memory's folder, mu, its lr
+    memory_dir, mu, lr, layout = dlc_patch.install.args  # the memory's folder, mu, its lr, the run's layout
+    assert (memory_dir, mu, lr) == (str(tmp_path / "memory"), 0.5, 1e-6)
+    assert layout["colocate_all"] and layout["max_tokens_per_gpu"] == 9216  # the memory's ranks colocated
     env = launch.runtime_env(settings)
     assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
     assert env["env_vars"][hook.ENV] == str(settings.resolve())

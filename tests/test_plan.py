@@ -78,6 +78,11 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     dlc = next(t for t in trains if "dapo_iac_dlc" in t.note)
     dapo = next(t for t in trains if t.note.startswith("qwen3-8b/dapo/"))
     assert dlc.wall_h > dapo.wall_h > grpo8.wall_h
+    # DLC colocated (docs/cluster.md "DLC"): 1.32x DAPO+IAC's GPU-hours; the memory's update hidden would be 1.21x
+    dapo_iac = next(t for t in trains if t.note.startswith("qwen3-8b/dapo_iac/"))
+    assert 1.2 < dlc.gpu_hours / dapo_iac.gpu_hours < 1.35
+    fast = next(t for t in P.plan(PAPER, {"memory_update_efficiency": 1.0})[1] if t.note.startswith(dlc.note[:26]))
+    assert fast.note.startswith("qwen3-8b/dapo_iac_dlc/") and fast.gpu_hours < 1.3 * dapo_iac.gpu_hours
 
 
 def test_generation_has_a_long_tail():

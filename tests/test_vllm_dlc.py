@@ -453,6 +453,7 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     import ast
     import importlib.util
     import inspect
+    import types
 
     from calibrl.backends.openrlhf import dlc as openrlhf_dlc
 
@@ -502,18 +503,20 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     ipc = inspect.signature(wrap_mod.WorkerWrap.update_weight_cuda_ipc).parameters
     assert list(ipc) == ["self", "name", "dtype", "shape", "ipc_handles", "empty_cache"]
 
-    # the launcher: RayActorGroup remembers the placement group it put its actors in (the colocated one)
-    launcher = pytest.importorskip("openrlhf.trainer.ray.launcher")
-    cls = launcher.RayActorGroup
-    monkeypatch.setattr(cls, "_initiate_actors", cls._initiate_actors)
+    # the launcher (which imports flash_attn, absent on CPU: read from its source): RayActorGroup.__init__ hands
+    # the placement group to _initiate_actors(self, pg, num_gpus_per_actor), which the patch wraps to remember it
+    path = importlib.util.find_spec("openrlhf.trainer.ray").submodule_search_locations[0] + "/launcher.py"
+    group_cls = next(n for n in ast.parse(open(path).read()).body if getattr(n, "name", "") == "RayActorGroup")
+    found = {f.name: f for f in group_cls.body if isinstance(f, ast.FunctionDef)}
+    assert [a.arg for a in found["_initiate_actors"].args.args] == ["self", "pg", "num_gpus_per_actor"]
+    assert "self._initiate_actors(pg, num_gpus_per_actor)" in ast.unparse(found["__init__"])
     calls = []
-    monkeypatch.setattr(cls, "_initiate_actors", lambda self, pg, n: calls.append((pg, n)))
+    launcher = types.ModuleType("launcher")
+    launcher.RayActorGroup = type("RayActorGroup", (), {"_initiate_actors": lambda self, pg, n: calls.append((pg, n))})
     openrlhf_dlc.patch_launcher(launcher)
-    group = cls.__new__(cls)
+    group = launcher.RayActorGroup()
     group._initiate_actors("the pg", 0.2)
     assert group._calibrl_pg == "the pg" and calls == [("the pg", 0.2)]
-    source = inspect.getsource(cls.__init__)
-    assert "self._initiate_actors(pg, num_gpus_per_actor)" in source
     from ray.util.placement_group import PlacementGroup
 
     assert "bundle_specs" in dir(PlacementGroup)  # the memory's ranks: one per bundle of the shared group

@@ -38,7 +38,7 @@ from calibrl import grid as G
 from calibrl.backends.openrlhf import layout as L
 
 # benchmarks/dlc_step.py on this project's CPU machine (see docs/cluster.md, "DLC"): FLOPs ratio / time ratio
-MEMORY_UPDATE_EFFICIENCY = 0.5
+MEMORY_UPDATE_EFFICIENCY = 0.45  # 25.2M / 4.7M-parameter Qwen3s, 2,488 tokens, fp32 (docs/cluster.md)
 
 # name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
 ASSUMPTIONS: dict[str, tuple[object, str]] = {
