@@ -343,7 +343,7 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     """Qwen3-14B's layout in config/paper.yaml, 2 nodes x 8 GPUs: the request reaches sbatch through the
     profile (which sets no nodes or GPUs for rule train), SLURM allocates both nodes of partition gpu with 8
     GPUs each, ray_cluster.sh starts a head and a worker (one srun step per node), and Ray places OpenRLHF's
-    colocated group of 16 bundles, 8 per node. In the same allocation the 8B DLC run's split layout fits one
+    colocated group of 16 bundles, 8 per node. In the same allocation the 8B DLC run's colocated group fits one
     node; the old 14B layout (28 GPUs) is never placed: its actor's group waits forever, as OpenRLHF would."""
     python = ray_python()
     shutil.copytree(REPO / "slurm", tmp_path / "slurm")
@@ -391,5 +391,5 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     assert out["ray_nodes"] == [{"GPU": 8.0, "CPU": 8.0}] * 2, out["ray_nodes"]
     placed = out["placed"]
     assert placed["paper"] == {"actor, reference, vLLM (colocated)": [8, 8]}, placed
-    assert placed["dlc_8b"] == {"vLLM": [3], "actor": [4], "DLC memory": [1]}, placed
+    assert placed["dlc_8b"] == {"actor, reference, vLLM (colocated)": [8]}, placed  # the memory's ranks inside
     assert placed["old"] == {"vLLM": [8], "actor": None}, placed  # 8 of 16 GPUs left for an actor of 16
