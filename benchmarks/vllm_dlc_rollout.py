@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import machine, ratio_line, timed
+from _common import machine, ratio_line, timed, vllm_cpu_env
 
 PAIRS = (
     (
@@ -109,9 +109,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.samples, args.tokens, args.repeat = 4, 2, 8, 1
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    vllm_cpu_env()
     print(f"machine: {machine()} (CPU, vLLM-CPU float32 eager; GPU figures need a GPU)")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,9 +37,6 @@ import yaml
 from calibrl import grid as G
 from calibrl.backends.openrlhf import layout as L
 
-# benchmarks/dlc_step.py on this project's CPU machine (see docs/cluster.md, "DLC"): FLOPs ratio / time ratio
-MEMORY_UPDATE_EFFICIENCY = 0.45  # 25.2M / 4.7M-parameter Qwen3s, 2,488 tokens, fp32 (docs/cluster.md)
-
 # name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
 ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "gpu_peak_tflops": (989.0, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16"),
@@ -65,9 +62,9 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
     "memory_flops_per_param_token": (8, "DLC memory update: 6N fwd+bwd + 2N recomputation (no old or ref forward)"),
     "memory_update_efficiency": (
-        MEMORY_UPDATE_EFFICIENCY,
+        0.45,
         "measured: the memory update's FLOP rate over the policy update's at equal tokens, same code "
-        "(benchmarks/dlc_step.py, CPU; GPU to confirm)",
+        "(benchmarks/dlc_step.py on 2 CPU cores, 25.2M / 4.7M-parameter Qwen3s; GPU to confirm)",
     ),
     "decode_alone_hbm_efficiency": (
         0.5,

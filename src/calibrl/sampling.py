@@ -44,6 +44,13 @@ class Rollout:
     texts: list[str]
     attention_mask: torch.Tensor | None = None
 
+    def rows(self, idx: torch.Tensor) -> Rollout:
+        """The rollouts of rows ``idx`` (a 1-D index tensor)."""
+        mask = None if self.attention_mask is None else self.attention_mask[idx]
+        texts = [self.texts[i] for i in idx.tolist()] if self.texts else []
+        return Rollout(self.sequences[idx], self.prompt_len, self.response_mask[idx], self.logprobs[idx],
+                       self.entropy[idx], texts, mask)  # fmt: skip
+
     @property
     def responses(self) -> torch.Tensor:
         """(B, T) generated token ids (pad after ``<eos>``)."""

@@ -201,18 +201,8 @@ class Trainer:
         g = self.s.group_size
         rows = keep_groups.repeat_interleave(g)
         idx = rows.nonzero().squeeze(-1)
-        r = batch.rollout
-        sub = Rollout(
-            r.sequences[idx],
-            r.prompt_len,
-            r.response_mask[idx],
-            r.logprobs[idx],
-            r.entropy[idx],
-            [r.texts[i] for i in idx.tolist()],
-            r.attention_mask[idx],
-        )
         return Batch(
-            sub,
+            batch.rollout.rows(idx),
             batch.rewards[idx],
             batch.correct[idx],
             [batch.canon[i] for i in idx.tolist()],
@@ -234,16 +224,7 @@ class Trainer:
             old = {id(b): token_logprobs(self.policy, b.rollout) for b in batches}
             ref = {id(b): token_logprobs(self.reference, b.rollout) for b in batches} if spec.uses_kl else {}
         for b, rows in pieces:
-            roll = b.rollout
-            sub = Rollout(
-                roll.sequences[rows],
-                roll.prompt_len,
-                roll.response_mask[rows],
-                roll.logprobs[rows],
-                roll.entropy[rows],
-                [],
-                roll.attention_mask[rows],
-            )
+            sub = b.rollout.rows(rows)
             logp = token_logprobs(self.policy, sub)
             pg, clipped = policy_loss(
                 logp, old[id(b)][rows], b.advantages[rows], spec.clip_low, spec.clip_high, spec.dual_clip

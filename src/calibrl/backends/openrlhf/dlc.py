@@ -208,7 +208,8 @@ def patch_trainer(module: ModuleType, memory_path: str, mu: float, lr: float, pl
             # the memory's own GPUs: its step runs beside the policy's (both from this rollout); shared: after it
             pending = None if place["colocated"] else _memory_submit(self, global_step, mu)
             status, new_step = original(self, rollout_samples, global_step)
-            pending = pending or _memory_submit(self, global_step, mu)
+            if pending is None:
+                pending = _memory_submit(self, global_step, mu)
             status.update(_memory_finish(self, pending, new_step, place["colocated"]))
             return status, new_step
 

@@ -66,10 +66,9 @@ class _Loss(torch.nn.Module):
         hidden = self.lm.base_model(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
         rows = target[:, 1:]
         hidden, labels = hidden[:, :-1][rows], ids[:, 1:][rows]
-        if not len(labels):  # a rank with nothing left: the same collectives as the others, a zero loss
-            head = self.lm.get_output_embeddings()
-            return memory_loss(head(hidden.new_zeros(1, hidden.shape[-1])).float(), ids[0, :1], "sum") * 0.0
         head = self.lm.get_output_embeddings()
+        if not len(labels):  # a rank with nothing left: the same collectives as the others, a zero loss
+            return memory_loss(head(hidden.new_zeros(1, hidden.shape[-1])).float(), ids[0, :1], "sum") * 0.0
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, len(labels), LOGIT_CHUNK):
             h, y = hidden[start : start + LOGIT_CHUNK], labels[start : start + LOGIT_CHUNK]
@@ -193,21 +192,20 @@ class MemoryWorker(EngineSync):
         self.pad_id = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
 
     # ------------------------------------------------------------------------------ the step
-    def _sum(self, value: float | int) -> float:
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(t)
+    def _reduce(self, value: float, op=dist.ReduceOp.SUM) -> float:
+        """``value`` reduced over the ranks (NCCL reduces on the GPU, gloo on the CPU)."""
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op)
         return float(t.item())
-
-    def _comm_device(self):
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _run(self, sequences, learn, backward: bool) -> float:
         """The step's token-mean loss over every rank's responses; gradients accumulated when ``backward``."""
         batches = pack(sequences, learn, self.max_tokens) if sequences else []
-        total = self._sum(sum(b.targets for b in batches))
+        total = self._reduce(sum(b.targets for b in batches))
         if total == 0:
             raise ValueError("the memory step got no response tokens")
-        rounds = int(self._max(len(batches)))
+        rounds = int(self._reduce(len(batches), dist.ReduceOp.MAX))
         empty = pack([torch.tensor([self.pad_id, self.pad_id])], [torch.tensor([0, 0])], 2)[0]
         value = 0.0
         for i in range(rounds):  # the same number of forward/backward passes on every rank (FSDP's collectives)
@@ -219,12 +217,7 @@ class MemoryWorker(EngineSync):
             value += float(part.detach())
         if not backward:  # FSDP keeps the root's weights gathered after a forward, for the backward that follows
             self.model.reshard()
-        return self._sum(value)
-
-    def _max(self, value: int) -> float:
-        t = torch.tensor([float(value)], device=self._comm_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+        return self._reduce(value)
 
     def loss(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """The memory's mean cross-entropy on the ``learn`` tokens, without a step (for logging and tests)."""
@@ -250,9 +243,6 @@ class MemoryWorker(EngineSync):
         if self.rank:
             return []
         return [(f"memory.{k[len('lm.') :]}", v) for k, v in state.items()]
-
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return self.full_weights()
 
     def check(self, policy_path: str, mu: float, sequences, learn, sample_logprobs) -> dict:
         """The divergence check (``vllm_dlc.divergence``): the engine's sampling logprobs against
