@@ -39,10 +39,10 @@ def test_reinforce_pp_whitens_over_the_batch_not_the_group():
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     a = get_estimator("rpp")(r)
     centered = r - r.mean(-1, keepdim=True)
-    expected = (centered - centered.mean()) / (centered.std() + 1e-6)
+    expected = (centered - centered.mean()) / centered.std(correction=0)  # OpenRLHF: no Bessel correction
     assert torch.allclose(a, expected)
     assert abs(float(a.mean())) < 1e-6
-    assert float(a.std()) == pytest.approx(1.0, abs=1e-4)
+    assert float(a.std(correction=0)) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_leading_axes_are_independent_batches():
@@ -135,15 +135,26 @@ def test_iac_inside_whitening_differs_from_iac_after_it():
 
 
 def test_token_weighted_whitening_counts_each_response_as_its_tokens():
-    """Reinforce++'s references whiten over every token of the batch: a response of n tokens weighs n times."""
+    """Reinforce++ whitens over every response token of the batch, as OpenRLHF 0.11.2's reinforce_baseline:
+    a response of n tokens counts n times; mean and variance (no Bessel correction) over the tokens."""
     from calibrl.algo.advantages import whiten
 
     a = torch.tensor([[1.0, -1.0, 0.5, 0.0]])
     w = torch.tensor([[3.0, 1.0, 2.0, 1.0]])
-    tokens = torch.repeat_interleave(a.flatten(), w.flatten().long())
-    expected = (a - tokens.mean()) / (tokens.std() + 1e-6)
+    # by hand: tokens 1, 1, 1, -1, 0.5, 0.5, 0 -> mean 3/7, variance sum((x - 3/7)^2) / 7
+    mean = 3 / 7
+    var = (3 * (1 - mean) ** 2 + (-1 - mean) ** 2 + 2 * (0.5 - mean) ** 2 + mean**2) / 7
+    expected = (a - mean) / math.sqrt(var)
     assert torch.allclose(whiten(a, w), expected)
+    assert not torch.allclose(whiten(a, w), whiten(a))  # per response would weigh them equally
     assert torch.allclose(whiten(a, torch.ones_like(a)), whiten(a))
+    # OpenRLHF's own arithmetic (experience_maker.py) on the per-token advantages of the batch
+    tokens = torch.repeat_interleave(a.flatten(), w.flatten().long())
+    var_openrlhf = ((tokens - tokens.mean()) ** 2).mean().clamp(min=1e-8)
+    assert torch.allclose(whiten(a, w), (a - tokens.mean()) * var_openrlhf.rsqrt())
+    # leading axes are independent batches, each whitened over its own tokens
+    both = whiten(torch.stack([a, 2 * a]), torch.stack([w, torch.ones_like(w)]))
+    assert torch.allclose(both[0], expected) and torch.allclose(both[1], whiten(2 * a))
 
 
 def test_a_registered_estimator_is_a_config_value_and_an_unknown_one_is_named():
@@ -195,6 +206,19 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages_only():
     assert active[0, 0].item() == 1.0
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
         policy_loss(logp, old, adv, 0.2, 0.2, dual_clip=1.0)
+
+
+def test_dual_clip_is_openrlhfs_policy_loss():
+    """OpenRLHF 0.11.2's PolicyLoss with dual_clip (models/loss.py), written out: -where(A < 0, max(min(s1, s2),
+    c A), min(s1, s2)); the loss of a negative advantage never exceeds -c A, however large the ratio."""
+    torch.manual_seed(0)
+    logp, old, adv = torch.randn(6, 5) * 2, torch.randn(6, 5), torch.randn(6, 5)
+    ratio = (logp - old).exp()
+    s1, s2 = ratio * adv, ratio.clamp(0.8, 1.28) * adv
+    expected = -torch.where(adv < 0, torch.maximum(torch.minimum(s1, s2), 3.0 * adv), torch.minimum(s1, s2))
+    loss, _ = policy_loss(logp, old, adv, 0.2, 0.28, dual_clip=3.0)
+    assert torch.allclose(loss, expected)
+    assert (loss[adv < 0] <= -3.0 * adv[adv < 0] + 1e-6).all()
 
 
 def test_dr_grpo_normaliser_counts_sequences_when_rows_are_not_responses():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from calibrl import config as C
-from calibrl.backends.local.trainer import Trainer
+from calibrl.algo.advantages import whiten
+from calibrl.backends.local.trainer import Trainer, cat_rollouts, mean_entropy, token_logprobs
 from calibrl.data import countdown
 from calibrl.models import build_model, build_tokenizer, load, save
 from calibrl.spec import TrainSettings, compile_method
@@ -60,19 +61,102 @@ def test_iac_changes_exactly_the_positive_advantages(init_dir, records, scorer, 
     prompts = records[:4]
     b1, b2 = base._rollout(prompts), calib._rollout(prompts)
     assert torch.equal(b1.rollout.sequences, b2.rollout.sequences)  # same seed, same samples
-    a, c = b1.advantages.view(-1, 4), b2.advantages.view(-1, 4)
+    a, c = base._advantages(b1).view(-1, 4), calib._advantages(b2).view(-1, 4)
     n_pos = (a > 0).sum(-1, keepdim=True)
     assert torch.allclose(torch.where(a > 0, a * (4 - n_pos), a), c)
     assert torch.equal(a[a <= 0], c[a <= 0])
 
 
-def test_dapo_filter_drops_all_equal_groups(init_dir, records, scorer, tmp_path):
+def test_dapo_filter_drops_groups_of_constant_accuracy(init_dir, records, scorer, tmp_path):
+    """verl's filter_groups.metric acc: the filter reads correctness; the overlong shaping changes rewards only."""
     trainer = make(Method("grpo", dapo=True), init_dir, records, scorer, tmp_path)
     batch = trainer._rollout(records[:4])
-    batch.rewards = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.4])
-    assert trainer._dapo_keep(batch).tolist() == [False, False, True, True]
+    batch.correct = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)
+    # group 3: all correct, one response overlong: its shaped rewards differ, its accuracy does not
+    batch.rewards = batch.correct.float() - torch.tensor([0.0] * 15 + [0.5])
+    assert trainer._dapo_keep(batch).tolist() == [False, False, True, False]
     kept = trainer._select(batch, trainer._dapo_keep(batch))
-    assert len(kept.prompts) == 2 and kept.rollout.sequences.shape[0] == 8
+    assert len(kept.prompts) == 1 and kept.rollout.sequences.shape[0] == 4
+
+
+def _spy(trainer, informative: int):
+    """Record every generation batch and the batch trained on, count AdamW updates; the groups from
+    ``informative`` on get an entropy of 50 nats a token, so that an average over them shows."""
+    seen = {"sampled": [], "trained": [], "updates": 0}
+    rollout, update, step = trainer._rollout, trainer._update, trainer.optimizer.step
+
+    def spy_rollout(prompts):
+        batch = rollout(prompts)
+        batch.rollout.entropy[4 * informative :] = 50.0
+        seen["sampled"].append(batch)
+        return batch
+
+    def spy_update(batch):
+        seen["trained"].append(batch)
+        return update(batch)
+
+    def spy_step(*a, **k):
+        seen["updates"] += 1
+        return step(*a, **k)
+
+    trainer._rollout, trainer._update, trainer.optimizer.step = spy_rollout, spy_update, spy_step
+    return seen
+
+
+@pytest.mark.parametrize("informative, batches, trained", [(3, 2, 4), (1, 3, 3)])
+def test_dapo_step_trains_prompts_per_step_groups_in_ppo_minibatches_updates(
+    init_dir, records, tmp_path, informative, batches, trained
+):
+    """verl's DAPO recipe: generation batches until prompts_per_step (4) groups are kept, trimmed to exactly that
+    many, then ppo_minibatches (2) updates. With 3 informative groups per batch: 6 found, 4 trained (3 + 1); with 1
+    per batch after dapo_max_gen_batches (3): the 3 found, still in 2 updates."""
+
+    def score(texts, recs):  # groups 0..informative-1 of every batch have one success, the others none
+        return [(i % 4 == 0 and i // 4 < informative, None) for i in range(len(texts))]
+
+    trainer = make(Method("grpo", dapo=True), init_dir, records, score, tmp_path)
+    seen = _spy(trainer, informative)
+    metrics = trainer.train_step()
+    assert len(seen["sampled"]) == metrics["dapo_gen_batches"] == batches
+    assert metrics["dapo_groups_kept"] == informative * batches and metrics["dapo_groups_sampled"] == 4 * batches
+    (batch,) = seen["trained"]
+    expected = [p for b in seen["sampled"] for p in b.prompts[:informative]][:4]
+    assert batch.prompts == expected and batch.rollout.sequences.shape[0] == 4 * trained
+    assert metrics["groups_trained"] == trained and metrics["updates"] == seen["updates"] == SETTINGS.ppo_minibatches
+    # the entropy is the trained groups' (a fresh model's, about log of the vocabulary), not every sampled group's
+    assert metrics["entropy"] == pytest.approx(mean_entropy(batch)) and metrics["entropy"] < 10
+
+
+def test_rollouts_of_several_generation_batches_concatenate_without_changing_a_row(init_dir, records, tmp_path):
+    trainer = make(Method("grpo"), init_dir, records, lambda t, r: [(False, None)] * len(t), tmp_path)
+    short = min(records, key=lambda r: len(r["problem"]))
+    long = max(records, key=lambda r: len(r["problem"]))
+    a, b = trainer._rollout([short]).rollout, trainer._rollout([long, short]).rollout
+    assert a.prompt_len != b.prompt_len
+    both = cat_rollouts([a, b], trainer.tokenizer.pad_token_id)
+    assert both.sequences.shape[0] == 12 and both.texts == a.texts + b.texts
+    with torch.no_grad():
+        together = token_logprobs(trainer.policy, both)
+        for rows, r in ((slice(0, 4), a), (slice(4, 12), b)):
+            width = r.response_mask.shape[1]
+            assert torch.equal(both.response_mask[rows, :width], r.response_mask)
+            assert not both.response_mask[rows, width:].any()
+            alone = token_logprobs(trainer.policy, r)
+            assert torch.allclose(together[rows, :width] * r.response_mask, alone * r.response_mask, atol=1e-5)
+
+
+def test_reinforce_pp_whitens_over_the_tokens_of_the_trained_batch(init_dir, records, tmp_path):
+    """OpenRLHF 0.11.2's reinforce_baseline: group mean, then whitening over every response token of the batch."""
+    trainer = make(Method("rpp"), init_dir, records, lambda t, r: [(i % 3 == 0, None) for i in range(len(t))],
+                   tmp_path)  # fmt: skip
+    batch = trainer._rollout(records[:4])
+    lengths = batch.rollout.response_mask.sum(-1)
+    assert len(set(lengths.tolist())) > 1  # else tokens and responses would weigh alike
+    r = batch.rewards.view(4, 4)
+    tokens = torch.repeat_interleave((r - r.mean(-1, keepdim=True)).flatten(), lengths)  # one value per token
+    expected = ((r - r.mean(-1, keepdim=True)).flatten() - tokens.mean()) / tokens.std(correction=0)
+    assert torch.allclose(trainer._advantages(batch), expected, atol=1e-6)
+    assert not torch.allclose(trainer._advantages(batch), whiten(r - r.mean(-1, keepdim=True)).flatten())
 
 
 def test_loss_decreases_on_a_fixed_batch(init_dir, records, scorer, tmp_path):
@@ -80,7 +164,7 @@ def test_loss_decreases_on_a_fixed_batch(init_dir, records, scorer, tmp_path):
         Method("grpo"), init_dir, records, lambda t, r: [(i % 2 == 0, None) for i in range(len(t))], tmp_path
     )
     batch = trainer._rollout(records[:4])
-    losses = [trainer._update([batch])["loss"] for _ in range(8)]
+    losses = [trainer._update(batch)["loss"] for _ in range(8)]
     assert losses[-1] < losses[0]
 
 

@@ -27,7 +27,9 @@ import torch
 from calibrl.algo.registry import Registry
 
 EPS = 1e-6
-"""Added to standard deviations, as verl and OpenRLHF do, so all-equal groups give 0 not NaN."""
+"""Added to group standard deviations, as verl and OpenRLHF do, so all-equal groups give 0 not NaN."""
+VAR_FLOOR = 1e-8
+"""The least variance Reinforce++'s whitening divides by (OpenRLHF 0.11.2: ``var.clamp(min=1e-8).rsqrt()``)."""
 
 
 @dataclass(frozen=True)
@@ -51,21 +53,17 @@ def estimator(name: str, *aliases: str, batch: Callable[..., torch.Tensor] | Non
 
 
 def whiten(advantages: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Batch whitening over the last two axes (the ``groups x G`` values of one batch): minus the mean, over
-    the unbiased standard deviation, as OpenRLHF's ``reinforce_baseline`` and verl's
-    ``reinforce_plus_plus_baseline`` do. ``weights`` (same shape, e.g. each response's token count) weigh each
-    value as that many tokens, the references' whitening over every token of the batch; None weighs responses
-    equally."""
+    """Reinforce++'s batch whitening over the last two axes (the ``groups x G`` values of one batch), over every
+    response token of the batch as OpenRLHF 0.11.2's ``reinforce_baseline`` does (``compute_advantages_and_returns``,
+    "Normalize advantages across all experiences"): a response's advantage counts once per token, ``weights`` (same
+    shape) being each response's token count (None: one token each); minus the token mean, times
+    ``rsqrt(max(var, VAR_FLOOR))`` with ``var`` the token mean of the squared deviations (no Bessel correction)."""
     flat = advantages.flatten(start_dim=-2)
-    if weights is None:
-        mean = flat.mean(dim=-1, keepdim=True)
-        std = flat.std(dim=-1, keepdim=True, correction=1) if flat.shape[-1] > 1 else torch.zeros_like(mean)
-    else:
-        w = weights.to(flat.dtype).flatten(start_dim=-2)
-        total = w.sum(dim=-1, keepdim=True)
-        mean = (w * flat).sum(dim=-1, keepdim=True) / total
-        std = ((w * (flat - mean) ** 2).sum(dim=-1, keepdim=True) / (total - 1).clamp(min=1)).sqrt()
-    return (advantages - mean.unsqueeze(-1)) / (std.unsqueeze(-1) + EPS)
+    w = torch.ones_like(flat) if weights is None else weights.to(flat.dtype).flatten(start_dim=-2)
+    total = w.sum(dim=-1, keepdim=True)
+    mean = (w * flat).sum(dim=-1, keepdim=True) / total
+    var = (w * (flat - mean) ** 2).sum(dim=-1, keepdim=True) / total
+    return (advantages - mean.unsqueeze(-1)) * var.clamp(min=VAR_FLOOR).rsqrt().unsqueeze(-1)
 
 
 @estimator("raw")
@@ -104,7 +102,8 @@ def rloo(rewards: torch.Tensor) -> torch.Tensor:
 
 @estimator("rpp", batch=whiten)
 def reinforce_pp_baseline(rewards: torch.Tensor) -> torch.Tensor:
-    """Reinforce++ with baseline (Hu et al.): the group mean subtracted here, the batch whitened after IAC."""
+    """Reinforce++ with baseline (Hu et al.): the group mean subtracted here, the batch whitened over its tokens
+    after IAC (:func:`whiten`; a trainer passes each response's token count as ``weights``)."""
     return mean_shifted(rewards)
 
 

@@ -1,7 +1,8 @@
 """DAPO's reward shaping and dynamic sampling (Yu et al., 2025; verl's DAPO recipe).
 
-Its other parts are settings of the shared formulas: clip-higher and dual clip (``losses.policy_loss``),
-token-mean aggregation (``losses.AGGREGATIONS``), no KL term (``calibrl.spec``).
+The sampling loop (generation batches until ``prompts_per_step`` groups pass the filter, trimmed to that many)
+is the CPU trainer's ``_collect``. Its other parts are settings of the shared formulas: clip-higher and dual clip
+(``losses.policy_loss``), token-mean aggregation (``losses.AGGREGATIONS``), no KL term (``calibrl.spec``).
 """
 
 from __future__ import annotations
@@ -18,5 +19,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.T
 
 def informative_groups(values: torch.Tensor) -> torch.Tensor:
     """Dynamic sampling's filter: of ``values`` (groups, G), the groups whose G values are not all equal (all
-    correct or all wrong groups carry no group-relative signal). (groups,) bool."""
+    correct or all wrong groups carry no group-relative signal). (groups,) bool. The trainers pass the accuracy,
+    as verl's recipe (``filter_groups.metric: acc``) and OpenRLHF (its 0/1 scores) filter, not shaped rewards."""
     return values.max(dim=-1).values > values.min(dim=-1).values

@@ -4,10 +4,11 @@ One step (Algorithm 1), every formula from ``calibrl.algo`` and every switch fro
   1. take the next prompts; sample G responses each with the KV-cache sampler (from
      ``softmax(f_theta - mu f_phi)`` when DLC is on);
   2. grade them (binary verifiable reward; DAPO adds its overlong shaping);
-  3. advantages from the method's estimator, IAC on its group advantages; DAPO's dynamic sampling drops groups
-     without signal and samples more prompts to refill the batch;
-  4. PPO-clip policy loss with dual clip, KL to the reference when the spec has one, aggregated as the spec says,
-     AdamW with weight decay, gradient clipping, over ``ppo_minibatches`` minibatches;
+  3. DAPO's dynamic sampling (verl's recipe) drops groups of constant accuracy, samples more prompts to refill the
+     batch and trims it to ``prompts_per_step`` groups;
+  4. advantages of the trained batch from the method's estimator, IAC on its group advantages (Reinforce++ then
+     whitens over the batch's tokens); PPO-clip policy loss with dual clip, KL to the reference when the spec has
+     one, aggregated as the spec says, AdamW with weight decay and gradient clipping in ``ppo_minibatches`` updates;
   5. DLC: the memory model takes a cross-entropy step on every sampled response;
   6. every ``eval_every`` steps: a Hugging Face checkpoint, the full trainer state (optimizers, memory, RNG, data
      cursor) for resuming, and a small marker file.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -59,12 +59,58 @@ def token_logprobs(model, rollout: Rollout) -> torch.Tensor:
 
 @dataclass
 class Batch:
+    """Graded rollouts of some prompts: prompt ``i``'s G responses are rows ``i*G .. i*G+G-1``."""
+
     rollout: Rollout
     rewards: torch.Tensor  # (B,) float, after shaping
-    correct: torch.Tensor  # (B,) bool
+    correct: torch.Tensor  # (B,) bool, the verifiable accuracy
     canon: list[str | None]
-    advantages: torch.Tensor  # (B,)
     prompts: list[dict]
+
+
+def _pad(x: torch.Tensor, left: int, right: int, value) -> torch.Tensor:
+    """(B, W) -> (B, left + W + right), filled with ``value``."""
+    return torch.cat([x.new_full((x.shape[0], left), value), x, x.new_full((x.shape[0], right), value)], dim=1)
+
+
+def cat_rollouts(rolls: list[Rollout], pad_id: int) -> Rollout:
+    """Rollouts of several generation batches as one: prompts re-padded on the left to the widest, responses on
+    the right (positions count real tokens only, so the forward pass of each row is unchanged)."""
+    if len(rolls) == 1:
+        return rolls[0]
+    p, t = max(r.prompt_len for r in rolls), max(r.response_mask.shape[1] for r in rolls)
+
+    def cat(name: str, value, with_prompt: bool = False) -> torch.Tensor:
+        left = [p - r.prompt_len if with_prompt else 0 for r in rolls]
+        return torch.cat([_pad(getattr(r, name), n, t - r.response_mask.shape[1], value) for r, n in zip(rolls, left)])
+
+    return Rollout(
+        sequences=cat("sequences", pad_id, with_prompt=True),
+        prompt_len=p,
+        response_mask=cat("response_mask", False),
+        logprobs=cat("logprobs", 0.0),
+        entropy=cat("entropy", 0.0),
+        texts=[x for r in rolls for x in r.texts],
+        attention_mask=cat("attention_mask", False, with_prompt=True),
+    )
+
+
+def cat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    if len(batches) == 1:
+        return batches[0]
+    return Batch(
+        cat_rollouts([b.rollout for b in batches], pad_id),
+        torch.cat([b.rewards for b in batches]),
+        torch.cat([b.correct for b in batches]),
+        [c for b in batches for c in b.canon],
+        [p for b in batches for p in b.prompts],
+    )
+
+
+def mean_entropy(batch: Batch) -> float:
+    """The policy's mean per-token entropy over the responses of ``batch``."""
+    mask = batch.rollout.response_mask
+    return float((batch.rollout.entropy * mask).sum() / mask.sum().clamp(min=1))
 
 
 class Trainer:
@@ -168,34 +214,36 @@ class Trainer:
         if self.spec.overlong_cache is not None:  # DAPO's overlong shaping
             lengths = roll.response_mask.sum(-1)
             rewards = rewards + dapo.overlong_penalty(lengths, self.s.max_new_tokens, self.spec.overlong_cache)
-        adv = advantages(rewards.view(-1, g), self.spec.estimator, self.spec.iac_alpha).view(-1)
-        return Batch(roll, rewards, correct, [c for _, c in graded], adv, prompts)
+        return Batch(roll, rewards, correct, [c for _, c in graded], prompts)
 
     def _dapo_keep(self, batch: Batch) -> torch.Tensor:
-        """DAPO's dynamic sampling: keep only groups whose rewards are not all equal (per prompt)."""
-        return dapo.informative_groups(batch.rewards.view(-1, self.s.group_size))
+        """DAPO's dynamic sampling: keep the groups whose accuracy is not constant (verl's ``filter_groups.metric:
+        acc``, OpenRLHF's filter on its 0/1 scores): the overlong shaping changes rewards, not the signal."""
+        return dapo.informative_groups(batch.correct.view(-1, self.s.group_size).float())
 
-    def _collect(self) -> tuple[list[Batch], list[Batch], dict]:
-        """Rollouts for one step: (batches to train on, every batch sampled, extra metrics).
+    def _collect(self) -> tuple[Batch | None, list[Batch], dict]:
+        """Rollouts for one step: (the batch to train on or None, every batch sampled, extra metrics).
 
-        With dynamic sampling, up to ``max_gen_batches`` batches are sampled until enough informative groups
-        are found."""
+        DAPO (verl's recipe): generation batches of ``prompts_per_step`` prompts, up to ``max_gen_batches``, until
+        ``prompts_per_step`` groups are kept; the kept groups are then trimmed to exactly ``prompts_per_step``
+        (verl's ``batch[:traj_bsz]``). When fewer are kept, verl raises ("Generated too many"); here the step trains
+        on the groups it has, in the same ``ppo_minibatches`` updates."""
         n = self.s.prompts_per_step
         if not self.spec.dynamic_sampling:
             batch = self._rollout(self._next_prompts(n))
-            return [batch], [batch], {}
-        kept_batches, sampled, kept, tried = [], [], 0, 0
-        for _ in range(self.spec.max_gen_batches):
+            return batch, [batch], {}
+        sampled, kept = [], []
+        while len(sampled) < self.spec.max_gen_batches and sum(len(b.prompts) for b in kept) < n:
             batch = self._rollout(self._next_prompts(n))
             sampled.append(batch)
-            keep = self._dapo_keep(batch)
-            tried += len(keep)
-            if keep.any():
-                kept_batches.append(self._select(batch, keep))
-                kept += int(keep.sum())
-            if kept >= n:
-                break
-        return kept_batches, sampled, {"dapo_groups_kept": kept, "dapo_groups_sampled": tried}
+            if (keep := self._dapo_keep(batch)).any():
+                kept.append(self._select(batch, keep))
+        found = sum(len(b.prompts) for b in kept)
+        extra = {"dapo_groups_kept": found, "dapo_groups_sampled": n * len(sampled), "dapo_gen_batches": len(sampled)}
+        if not kept:
+            return None, sampled, extra
+        trained = cat_batches(kept, self.tokenizer.pad_token_id)
+        return self._select(trained, torch.arange(found) < n), sampled, extra
 
     def _select(self, batch: Batch, keep_groups: torch.Tensor) -> Batch:
         g = self.s.group_size
@@ -206,46 +254,47 @@ class Trainer:
             batch.rewards[idx],
             batch.correct[idx],
             [batch.canon[i] for i in idx.tolist()],
-            batch.advantages[idx],
             [p for p, k in zip(batch.prompts, keep_groups.tolist()) if k],
         )
 
-    def _update(self, batches: list[Batch]) -> dict:
-        spec = self.spec
-        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
-        pieces = []
-        for b in batches:  # minibatches are made of whole groups, in order
-            n_groups = len(b.prompts)
-            per = max(1, math.ceil(n_groups / self.s.ppo_minibatches))
-            for start in range(0, n_groups, per):
-                rows = torch.arange(start * self.s.group_size, min(n_groups, start + per) * self.s.group_size)
-                pieces.append((b, rows))
+    def _advantages(self, batch: Batch) -> torch.Tensor:
+        """(B,) advantages of the trained batch: the estimator's group baseline, IAC, then its batch transform over
+        this batch, each response weighing its token count (Reinforce++ whitens over every response token of the
+        batch, as OpenRLHF's ``reinforce_baseline``)."""
+        g = self.s.group_size
+        tokens = batch.rollout.response_mask.sum(-1).view(-1, g)
+        return advantages(batch.rewards.view(-1, g), self.spec.estimator, self.spec.iac_alpha, tokens).view(-1)
+
+    def _update(self, batch: Batch) -> dict:
+        """PPO on ``batch`` in ``ppo_minibatches`` AdamW updates, each on whole groups in order."""
+        spec, g, roll = self.spec, self.s.group_size, batch.rollout
+        adv = self._advantages(batch)
+        chunks = torch.arange(len(batch.prompts)).tensor_split(min(self.s.ppo_minibatches, len(batch.prompts)))
         with torch.no_grad():  # the behaviour policy's log-probs, fixed for all minibatches of this step
-            old = {id(b): token_logprobs(self.policy, b.rollout) for b in batches}
-            ref = {id(b): token_logprobs(self.reference, b.rollout) for b in batches} if spec.uses_kl else {}
-        for b, rows in pieces:
-            sub = b.rollout.rows(rows)
+            old = token_logprobs(self.policy, roll)
+            ref = token_logprobs(self.reference, roll) if spec.uses_kl else None
+        stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        for groups in chunks:
+            rows = (groups[:, None] * g + torch.arange(g)).flatten()
+            sub, mask = roll.rows(rows), roll.response_mask[rows]
             logp = token_logprobs(self.policy, sub)
-            pg, clipped = policy_loss(
-                logp, old[id(b)][rows], b.advantages[rows], spec.clip_low, spec.clip_high, spec.dual_clip
-            )
+            per_token, clipped = policy_loss(logp, old[rows], adv[rows], spec.clip_low, spec.clip_high, spec.dual_clip)
             if spec.uses_dlc:  # DLC sampled from softmax(f~), not pi_theta (calibrl.algo.dlc.IMPORTANCE)
-                pg = pg * importance_weights(old[id(b)][rows], sub.logprobs, spec.dlc_importance)
-            per_token = pg
-            mask = sub.response_mask
+                per_token = per_token * importance_weights(old[rows], sub.logprobs, spec.dlc_importance)
             if spec.uses_kl:
-                kl = KL_ESTIMATORS[spec.kl_estimator](logp, ref[id(b)][rows])
+                kl = KL_ESTIMATORS[spec.kl_estimator](logp, ref[rows])
                 per_token = per_token + spec.kl_coef * kl
-                stats["kl"] += float((kl.detach() * mask).sum() / mask.sum().clamp(min=1)) / len(pieces)
+                stats["kl"] += float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
             loss = aggregate(per_token, mask, spec.loss_agg, self.s.max_new_tokens)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.s.grad_clip)
             self.optimizer.step()
-            stats["loss"] += loss.item() / len(pieces)
-            stats["grad_norm"] += float(norm) / len(pieces)
-            stats["clip_frac"] += float((clipped * mask).sum() / mask.sum().clamp(min=1)) / len(pieces)
-        return stats
+            stats["loss"] += loss.item()
+            stats["grad_norm"] += float(norm)
+            stats["clip_frac"] += float((clipped * mask).sum() / mask.sum().clamp(min=1))
+        return {**{k: v / len(chunks) for k, v in stats.items()}, "groups_trained": len(batch.prompts),
+                "updates": len(chunks)}  # fmt: skip
 
     def _update_memory(self, batches: list[Batch]) -> float:
         """Algorithm 1 lines 21-22: one cross-entropy step of m_phi on this step's sampled responses, the mean over
@@ -267,16 +316,18 @@ class Trainer:
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
-        batches, sampled, extra = self._collect()
+        trained, sampled, extra = self._collect()
         metrics = {"step": self.step + 1, **extra}
-        if batches:
-            metrics.update(self._update(batches))
+        if trained is not None:
+            metrics.update(self._update(trained))
+            metrics["entropy"] = mean_entropy(trained)  # of the trained groups, as verl's actor/entropy
         else:  # DAPO found no informative group: nothing for the policy to learn from this step
-            metrics.update(loss=0.0, kl=0.0, clip_frac=0.0, grad_norm=0.0)
+            metrics.update(loss=0.0, kl=0.0, clip_frac=0.0, grad_norm=0.0, groups_trained=0, updates=0)
         if self.memory is not None and sampled:  # m_phi learns what was sampled, kept or not (Algorithm 1 l. 22)
             metrics["memory_loss"] = self._update_memory(sampled)
         metrics.update(self._rollout_metrics(sampled))  # over every sampled group, as for the other methods
         metrics["seconds"] = time.perf_counter() - t0
+        metrics["time"] = time.time()  # wall clock at the step's end: the MLflow run's real start and end
         self.step += 1
         return metrics
 
@@ -284,9 +335,6 @@ class Trainer:
         if not batches:
             return {}
         g = self.s.group_size
-        # DAPO's extra generation batches have their own response widths: reduce each batch, then combine.
-        tokens = sum(float(b.rollout.response_mask.sum()) for b in batches)
-        entropy = sum(float((b.rollout.entropy * b.rollout.response_mask).sum()) for b in batches)
         lengths = torch.cat([b.rollout.response_mask.sum(-1).float() for b in batches])
         correct = torch.cat([b.correct for b in batches]).float()
         distinct = []
@@ -297,7 +345,6 @@ class Trainer:
         return {
             "reward": float(torch.cat([b.rewards for b in batches]).mean()),
             "accuracy": float(correct.mean()),
-            "entropy": entropy / max(tokens, 1.0),
             "response_length": float(lengths.mean()),
             "distinct_correct": sum(distinct) / max(len(distinct), 1),
         }
