@@ -25,10 +25,17 @@ def test_toy_target_end_to_end(workflow_dir):
     assert {"seed", "step", "p_cat", "p_persian", "p_siamese_heldout"} <= set(seeds.columns)
     assert seeds["seed"].nunique() == 12 and sorted(seeds["step"].unique()) == [0, 20, 40, 60]
     stats = pd.read_csv(toy / "fig1" / "stats.csv")
-    assert len(stats) == 9 and {"t90_median", "collapsed_end", "cat_won", "dominance_auc"} <= set(stats.columns)
+    scales = cfg["toy"]["lr_scales"]
+    assert len(stats) == 9 * len(scales) and sorted(stats["lr_scale"].unique()) == sorted(scales)
+    assert {"t90_median", "collapsed_end", "cat_won", "dominance_auc", "lr"} <= set(stats.columns)
     verdicts = (toy / "verdicts.md").read_text()
     for claim in ("Larger G delays collapse", "IAC retards collapse", "IAC + DLC arrests collapse"):
         assert claim in verdicts
+    claims = pd.read_csv(toy / "claims.csv")
+    assert len(claims) == 9 and (claims["role"] == "exploratory").all() and (claims["source"] == "toy").all()
+    assert set(claims["verdict"]) <= {"holds", "contradicted", "absent", "inconclusive"}
+    assert claims["note"].str.startswith("over lr x{" + ", ".join(f"{x:g}" for x in scales) + "}").all()
+    assert claims["note"].str.contains(", 60 steps; per lr: ", regex=False).all()
     assert not list(toy.rglob("*.tmp"))
 
     runs = json.loads((toy / "mlflow_runs.json").read_text())

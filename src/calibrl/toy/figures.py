@@ -1,6 +1,7 @@
 """Which toy configurations make up each of the paper's Figures 1-5, and how each is summarised.
 
-A figure is a grid of ``ToySetting``s; ``run_figure`` simulates them all and returns three frames:
+A figure is a grid of ``ToySetting``s, each at every learning rate of the range (``lr_scales`` times the
+optimizer's ``lr``, the factor ``lr_scale``); ``run_figure`` simulates them all and returns three frames:
 per-seed trajectories, seed-aggregated curves (the tidy figure data) and collapse statistics.
 """
 
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from calibrl.toy.sim import ToySetting, run
+from calibrl.toy.sim import SHARED, ToySetting, simulate
 
 FIGURES = {
     "fig1": "Effect of the advantage estimator and group size (Section 2.4, Figure 1)",
@@ -22,8 +24,15 @@ FIGURES = {
     "fig5": "IAC and IAC + DLC (Appendix H, Figure 5)",
 }
 VARIANTS = {"baseline": (0.0, 0.0), "iac": (1.0, 0.0), "iac+dlc": (1.0, 1.0)}  # scaled by config below
-FACTOR_COLUMNS = ("estimator", "optimizer", "variant", "siamese", "group_size")
+FACTOR_COLUMNS = ("estimator", "optimizer", "variant", "siamese", "group_size", "lr_scale")
+NUMERIC_FACTORS = ("group_size", "lr_scale")
 COLLAPSE_LEVELS = (0.9, 0.99)
+
+
+def lr_scales(cfg: dict) -> list[float]:
+    """The learning-rate range: each optimizer's ``lr`` times each of these (``toy.lr_scales``; the schema fills in
+    its default)."""
+    return [float(x) for x in cfg["lr_scales"]]
 
 
 def _setting(cfg: dict, **overrides) -> ToySetting:
@@ -46,7 +55,14 @@ def _setting(cfg: dict, **overrides) -> ToySetting:
 
 
 def figure_settings(figure: str, cfg: dict) -> Iterator[tuple[dict, ToySetting]]:
-    """Yield ``(factors, setting)`` for every configuration of ``figure`` under the ``toy`` config."""
+    """Yield ``(factors, setting)`` for every configuration of ``figure`` under the ``toy`` config, at every
+    learning rate of the range (factor ``lr_scale``: the setting's lr is that times its optimizer's ``lr``)."""
+    for factors, setting in _base_settings(figure, cfg):
+        for scale in lr_scales(cfg):
+            yield {**factors, "lr_scale": scale}, replace(setting, lr=setting.lr * scale)
+
+
+def _base_settings(figure: str, cfg: dict) -> Iterator[tuple[dict, ToySetting]]:
     sizes = cfg["group_sizes"]
     if figure == "fig1":
         for est, g in itertools.product(("raw", "mean", "norm"), sizes):
@@ -132,30 +148,51 @@ def curves(traj: pd.DataFrame) -> pd.DataFrame:
     the view in which collapse shows (the raw p_cat / p_persian means stay near symmetric because
     which label wins is random).
     """
-    last = traj[traj["step"] == traj["step"].max()].set_index("seed")
-    cat_wins = (last["p_cat"] >= last["p_persian"]).reindex(traj["seed"]).to_numpy()
-    frame = traj.assign(
-        p_winner=np.where(cat_wins, traj["p_cat"], traj["p_persian"]),
-        p_loser=np.where(cat_wins, traj["p_persian"], traj["p_cat"]),
-        dominance=dominance(traj),
-    )
-    value_cols = [c for c in frame.columns if c.startswith("p_") or c == "dominance"]
-    long = frame.melt(id_vars=["seed", "step"], value_vars=value_cols, var_name="quantity")
-    grouped = long.groupby(["step", "quantity"])["value"]
+    frame = traj.sort_values(["seed", "step"], kind="stable")
+    steps = np.sort(frame["step"].unique())
+    n_seeds = frame["seed"].nunique()
+    if len(frame) != n_seeds * len(steps):
+        raise ValueError("curves needs every seed recorded at the same steps")
+    shape = (n_seeds, len(steps))
+    values = {c: frame[c].to_numpy(dtype=float).reshape(shape) for c in frame.columns if c.startswith("p_")}
+    cat, persian = values["p_cat"], values["p_persian"]
+    cat_wins = (cat[:, -1] >= persian[:, -1])[:, None]
+    values["p_winner"] = np.where(cat_wins, cat, persian)
+    values["p_loser"] = np.where(cat_wins, persian, cat)
+    values["dominance"] = np.maximum(cat, persian) / (cat + persian)
+    names = sorted(values)  # the order of a groupby on (step, quantity)
+    cube = np.stack([values[q] for q in names], axis=-1)  # (seeds, steps, quantities)
+    q10, q90 = np.quantile(cube, [0.1, 0.9], axis=0)
     return pd.DataFrame(
         {
-            "mean": grouped.mean(),
-            "q10": grouped.quantile(0.1),
-            "q90": grouped.quantile(0.9),
+            "step": np.repeat(steps, len(names)),
+            "quantity": np.tile(names, len(steps)),
+            "mean": cube.mean(axis=0).ravel(),
+            "q10": q10.ravel(),
+            "q90": q90.ravel(),
         }
-    ).reset_index()
+    )
 
 
 def run_figure(figure: str, cfg: dict, progress=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Simulate every configuration of ``figure``: (per-seed trajectories, curves, statistics)."""
+    """Simulate every configuration of ``figure``: (per-seed trajectories, curves, statistics).
+
+    Configurations that can share a simulation (``sim.SHARED``, and the same optimizer family: AdamW's state is
+    not SGD's) are simulated together; each is the same as simulated alone (``sim.simulate``)."""
+    items = list(figure_settings(figure, cfg))
+    batches: dict[tuple, list[int]] = {}
+    for i, (_, setting) in enumerate(items):
+        key = tuple(getattr(setting, f) for f in SHARED) + (setting.optimizer == "adamw",)
+        batches.setdefault(key, []).append(i)
+    frames: dict[int, pd.DataFrame] = {}
+    for rows in batches.values():
+        frames.update(zip(rows, simulate([items[i][1] for i in rows])))
+        if progress:
+            for i in rows:
+                progress(items[i][0])
     trajs, curve_frames, stats = [], [], []
-    for factors, setting in figure_settings(figure, cfg):
-        traj = run(setting)
+    for i, (factors, setting) in enumerate(items):
+        traj = frames.pop(i)
         cols = {k: factors.get(k, "") for k in FACTOR_COLUMNS}
         trajs.append(traj.assign(**cols))
         curve_frames.append(curves(traj).assign(**cols))
@@ -168,8 +205,6 @@ def run_figure(figure: str, cfg: dict, progress=None) -> tuple[pd.DataFrame, pd.
                 "dlc_mu": setting.dlc_mu,
             }
         )
-        if progress:
-            progress(factors)
     order = list(FACTOR_COLUMNS)
     traj_all = pd.concat(trajs, ignore_index=True)
     traj_all = traj_all[order + [c for c in traj_all.columns if c not in order]]
@@ -182,6 +217,6 @@ def read_table(path) -> pd.DataFrame:
     """Read a toy CSV back with its factor columns as strings ('' where a factor does not apply)."""
     frame = pd.read_csv(path)
     for col in FACTOR_COLUMNS:
-        if col in frame and col != "group_size":
+        if col in frame and col not in NUMERIC_FACTORS:
             frame[col] = frame[col].fillna("").astype(str)
     return frame
