@@ -1,13 +1,7 @@
-"""The claims' statistics (calibrl.report.stats, calibrl.report.claims): Holm, verdicts, the paired hierarchical
-bootstrap, and the calibration test: two arms that are one method under two names must be called different
-(holds or contradicted) at no more than the nominal rate.
-
-The calibration simulates experiments from recorded results (tests/data/recorded_per_problem.csv.gz: per seed and
-per problem, the correct samples out of n = 8 of GRPO, 4 seeds, on the embedded grid's main model at step 100;
-regenerate with ``make_recorded`` below from a finished run): each simulated seed of each arm is a recorded seed
-drawn at random, its problems drawn with replacement from the recorded problems (the same draw for both arms and
-every seed: common problems), and fresh evaluation samples drawn binomially around the recorded rates, scored as
-AVG@8 or as the unbiased PASS@8; the claims are a difference of two arms, or a "best of" claim over three."""
+"""The claims' statistics (calibrl.stats, calibrl.report.claims, calibrl.analysis_plan): the paired t test on
+per-seed differences, its exact sign-flip fallback, TOST, Holm, the four-way verdicts, power, the plan's checks,
+and the claims decided from evaluation files. The calibration against recorded results is in
+tests/test_calibration.py."""
 
 import json
 from pathlib import Path
@@ -15,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as st
 
+from calibrl import analysis_plan as AP
 from calibrl import stats as S
-from calibrl.metrics import pass_at_k
 from calibrl.report import claims as C
-
-RECORDED = Path(__file__).parent / "data" / "recorded_per_problem.csv.gz"
 
 
 def test_holm_matches_hand_computed_values():
@@ -30,90 +23,78 @@ def test_holm_matches_hand_computed_values():
     assert out[0] == pytest.approx(0.5) and np.isnan(out[1]) and out[2] == pytest.approx(0.002)
 
 
-def test_verdicts_are_three_way():
+def test_verdicts_are_four_way():
     assert S.verdict(2.0, 0.01) == "holds"
     assert S.verdict(-2.0, 0.01) == "contradicted"
-    assert S.verdict(2.0, 0.2) == "inconclusive"
+    assert S.verdict(-2.0, 0.01, direction=-1) == "holds"
+    assert S.verdict(0.1, 0.6, p_equiv=0.01) == "absent"
+    assert S.verdict(2.0, 0.2, p_equiv=0.3) == "inconclusive"
     assert S.verdict(2.0, float("nan")) == "inconclusive"
-    assert S.verdict(0.005, 0.0001, min_effect=0.01) == "inconclusive"
 
 
-def _sample(a: np.ndarray, b: np.ndarray, splits: np.ndarray) -> S.Sample:
-    counts = pd.Series(splits).map(pd.Series(splits).value_counts()).to_numpy()
-    weights = 1.0 / (counts * len(set(splits)))
-    return S.Sample({"a": a, "b": b}, weights, pd.factorize(splits)[0], list(range(len(a))))
+def test_paired_t_and_tost_match_scipy():
+    d = np.array([1.2, -0.3, 2.5, 0.8, 1.9, 0.1, 1.4, 0.6])
+    e = S.paired(d, margin=3.0)
+    ref = st.ttest_1samp(d, 0.0)
+    assert e.p == pytest.approx(ref.pvalue) and e.seeds == 8
+    assert e.ci_low < d.mean() < e.ci_high
+    lo, hi = st.ttest_1samp(d, -3.0, alternative="greater"), st.ttest_1samp(d, 3.0, alternative="less")
+    assert e.p_equiv == pytest.approx(max(lo.pvalue, hi.pvalue))
 
 
-def test_one_seed_is_never_decided_and_the_interval_covers_the_truth():
+def test_zero_variance_is_the_exact_sign_flip_test_not_p_zero():
+    assert S.paired(np.full(4, 0.5)).p == pytest.approx(2 / 2**4)  # all flips but two give a smaller |mean|
+    assert S.paired(np.zeros(6), margin=1.0).p == 1.0
+    assert S.paired(np.zeros(6), margin=1.0).p_equiv == pytest.approx(2**-6)  # the one-sided sign tests
+    # sums of +-1 +-2 +-0.5: 3.5, 2.5, 1.5, 0.5 and their negatives; 4 of 8 reach the observed 2.5
+    assert S.signflip_p(np.array([1.0, 2.0, -0.5])) == pytest.approx(4 / 8)
+
+
+def test_one_seed_is_never_decided():
+    e = S.paired(np.array([3.0]), margin=1.0)
+    assert e.seeds == 1 and np.isnan(e.p) and S.verdict(e.estimate, e.p, e.p_equiv) == "inconclusive"
+
+
+def test_power_matches_a_simulation():
     rng = np.random.default_rng(0)
-    splits = np.array(["test"] * 50 + ["ood"] * 30)
-    one = S.bootstrap(_sample(rng.random((1, 80)), rng.random((1, 80)), splits), lambda m: m["a"] - m["b"])
-    assert one.seeds == 1 and np.isnan(one.p)
-    # a constant shift of 0.1 on every problem and seed, with seed noise: the estimate is 0.1 within its interval
-    base = rng.random((5, 80)) + rng.normal(0, 0.05, (5, 1))
-    e = S.bootstrap(_sample(base + 0.1, base, splits), lambda m: m["a"] - m["b"], reps=500)
-    assert e.estimate == pytest.approx(0.1) and e.ci_low <= 0.1 <= e.ci_high and e.p < 0.01
+    sims = rng.normal(1.0, 2.0, size=(4000, 12))
+    rate = np.mean(st.ttest_1samp(sims, 0.0, axis=1).pvalue < 0.05)
+    assert S.power(2.0, 1.0, 12) == pytest.approx(rate, abs=0.025)
+    assert S.power(2.0, 1.0, S.seeds_needed(2.0, 1.0)) >= 0.8 > S.power(2.0, 1.0, S.seeds_needed(2.0, 1.0) - 1)
 
 
-def recorded() -> pd.DataFrame:
-    if not RECORDED.is_file():
-        pytest.skip(f"{RECORDED} missing")
-    return pd.read_csv(RECORDED)
+PLAN = """
+level: 0.05
+seeds: [0, 1, 2, 3, 4, 5]
+data_seed: 1
+design: {seeds: [7], data_seed: 0}
+primary:
+  - {id: P1, claim: IAC above GRPO, arms: [iac, grpo], metric: avg_at_8, checkpoints: 2, direction: above,
+     margin: 2.0}
+  - {id: P2, claim: filtering above GRPO, arms: [filter, grpo], metric: avg_at_8, checkpoints: 2,
+     direction: above, margin: 5.0}
+  - {id: P3, claim: GRPO below base in distinct answers, arms: [grpo, base], metric: distinct, checkpoints: 1,
+     direction: below, margin: 0.05, unit: answers}
+"""
 
 
-def simulate(
-    rec: pd.DataFrame, seeds: int, rng: np.random.Generator, shift: float = 0.0, metric: str = "avg", arms=("a", "b")
-) -> S.Sample:
-    """One experiment with arms of the recorded method (``shift`` added to arm a's success rate), each problem
-    scored as AVG@n (``metric`` "avg") or the unbiased PASS@n from the same fresh samples ("pass")."""
-    wide = rec.pivot_table(index="seed", columns=["split", "problem"], values="correct")
-    n = int(rec["n"].iloc[0])
-    rates = (wide.to_numpy() + 0.5) / (n + 1)  # recorded seeds x problems, kept off 0 and 1
-    splits = wide.columns.get_level_values("split").to_numpy()
-    cols = np.concatenate([rng.choice(np.flatnonzero(splits == s), (splits == s).sum()) for s in np.unique(splits)])
-    values = {}
-    for arm in arms:
-        delta = shift if arm == "a" else 0.0
-        p = np.clip(rates[rng.integers(0, len(rates), seeds)][:, cols] + delta, 0, 1)
-        correct = rng.binomial(n, p)  # fresh evaluation samples
-        values[arm] = correct / n if metric == "avg" else np.vectorize(lambda c: pass_at_k(n, int(c), n))(correct)
-    counts = pd.Series(splits[cols]).map(pd.Series(splits[cols]).value_counts()).to_numpy()
-    weights = 1.0 / (counts * len(set(splits)))
-    return S.Sample(values, weights, pd.factorize(splits[cols])[0], list(range(seeds)))
-
-
-@pytest.mark.parametrize(
-    ("seeds", "metric", "kind"),
-    [(2, "avg", "diff"), (3, "avg", "diff"), (5, "avg", "diff"), (2, "pass", "diff"), (3, "pass", "diff"),
-     (5, "pass", "diff"), (3, "avg", "best"), (3, "pass", "best")],
-)  # fmt: skip
-def test_calibration_same_method_under_two_names(seeds, metric, kind):
-    """False-positive rate of a single claim (no Holm) at the nominal 5%, on 400 null experiments: a difference
-    of two arms, or a "best of" claim (arm a above the best of two others; all three the same method)."""
-    rec = recorded()
-    rng = np.random.default_rng(seeds + 10 * (metric == "pass") + 100 * (kind == "best"))
-    claim = C.Claim("null", "test", "m", metric, kind, ("a", "b") if kind == "diff" else ("a", "b", "c"))
-    sims = 400
-    decided = 0
-    for i in range(sims):
-        sample = simulate(rec, seeds, rng, metric=metric, arms=claim.arms)
-        e = S.bootstrap(sample, claim.contrast, reps=300, seed=i, linear=kind == "diff")
-        decided += S.verdict(e.estimate, e.p) != "inconclusive"
-    rate = decided / sims
-    print(f"calibration: {kind} {metric}, {seeds} seeds per arm, false-positive rate {rate:.3f} over {sims} runs")
-    # nominal 0.05; allow Monte Carlo noise (sd of a rate over 400 runs at 0.05: 0.011)
-    assert rate <= S.LEVEL + 0.03
-
-
-def test_a_real_difference_is_found():
-    """The same machinery, arm a better by 15 points on every problem: holds in most experiments (it can fail)."""
-    rec = recorded()
-    rng = np.random.default_rng(1)
-    found = []
-    for i in range(40):
-        e = S.bootstrap(simulate(rec, 5, rng, shift=0.15), lambda m: m["a"] - m["b"], reps=300, seed=i)
-        found.append(S.verdict(e.estimate, e.p) == "holds")
-    assert np.mean(found) >= 0.8
+def test_the_plan_refuses_design_seeds_and_other_plans_results(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN.replace("seeds: [7]", "seeds: [3]"))
+    with pytest.raises(AP.PlanError, match=r"seeds \[3\] both designed the plan and decide it"):
+        AP.load(path)
+    path.write_text(PLAN.replace("metric: distinct", "metric: pass@8"))
+    with pytest.raises(AP.PlanError, match="primary\\[2\\]: metric 'pass@8'"):
+        AP.load(path)
+    path.write_text(PLAN)
+    plan = AP.load(path)
+    AP.check_records(plan, {"a.json": plan.sha256})
+    with pytest.raises(AP.PlanError, match="1 result file\\(s\\) were made under another analysis plan.*b.json"):
+        AP.check_records(plan, {"a.json": plan.sha256, "b.json": "0" * 64})
+    grid = {"seed": 0, "extra_seeds": {"iac": [1, 2, 3, 4, 5], "grpo": [1, 2, 3, 4, 5], "filter": [1, 2]},
+            "methods": {"iac": {}, "grpo": {}, "filter": {}}, "data": {"seed": 1}, "eval": {"n": 8}}  # fmt: skip
+    with pytest.raises(AP.PlanError, match="grid.seed / grid.extra_seeds.filter: filter runs seeds \\[0, 1, 2\\]"):
+        AP.check_config(plan, grid)
 
 
 def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int = 8) -> list[str]:
@@ -140,21 +121,49 @@ def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int =
     return paths
 
 
-def test_claims_from_files_hold_for_a_real_effect_and_not_for_none(tmp_path):
+def base_files(res: Path, seeds: int, distinct: int, n: int = 8) -> list[str]:
+    """The base model's step-0 evaluations, one per seed: ``distinct`` correct answers on every problem."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for seed in range(seeds):
+        splits = {}
+        for split, size in (("test", 60), ("ood", 40)):
+            correct = rng.binomial(n, 0.4, size).tolist()
+            splits[split] = {"n_samples": n, "per_problem": {"correct": correct, "distinct": [distinct] * size}}
+        path = res / "runs" / "m" / "base" / f"s{seed}" / "eval" / "step_0.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"step": 0, "splits": splits}))
+        paths.append(str(path))
+    return paths
+
+
+def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_path):
     from calibrl.report.load import load_per_problem
 
     grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
             "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac", "filter"],
                        "figure6": []}}  # fmt: skip
-    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=4)
+    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=6)
+    paths += base_files(tmp_path, 6, distinct=3)  # every run has at most 2: below the base by > 1 answer
     pp = load_per_problem(paths, tmp_path)
-    assert len(pp) == 3 * 4 * 2 * 100
-    frame = C.finish(C.grid_claims(pp, pd.DataFrame(), grid, reps=400))
-    assert list(frame.columns[:10]) == C.COLUMNS
+    assert len(pp) == (3 * 6 * 2 + 6) * 100
+    (tmp_path / "plan.yaml").write_text(PLAN)
+    plan = AP.load(tmp_path / "plan.yaml")
+    frame = C.grid_claims(pp, pd.DataFrame(), grid, plan)
+    assert list(frame.columns) == C.COLUMNS and (frame["plan_sha256"] == plan.sha256).all()
     by = frame.set_index("claim")
-    assert by.loc["IAC above grpo (AVG@8, m)", "verdict"] == "holds"
-    assert by.loc["IAC above grpo (AVG@8, m)", "seeds"] == 4
-    assert 10 < by.loc["IAC above grpo (AVG@8, m)", "estimate"] < 20  # percentage points
+    p1, p2, p3 = (by.loc[f"{c.id}: {c.claim}"] for c in plan.primaries)
+    assert p1["role"] == "primary" and p1["verdict"] == "holds" and p1["seeds"] == 6
+    assert 10 < p1["estimate"] < 20  # percentage points
+    assert p2["verdict"] == "absent"  # no effect, measured to within +-5 points (seed sd here: ~2.5 points)
+    assert p3["verdict"] == "holds" and p3["estimate"] < -1
+    assert (frame["p_holm"].dropna() >= frame["p"].dropna()[frame["role"] == "primary"]).all()
+    # the primaries are not repeated as exploratory rows; the rest are, unadjusted
+    assert "IAC above grpo (AVG@8, m)" not in by.index
+    assert by.loc["IAC above filtering (AVG@8)", "role"] == "exploratory"
     assert by.loc["IAC above filtering (AVG@8)", "verdict"] == "holds"
-    assert by.loc["Filtering above GRPO (AVG@8)", "verdict"] == "inconclusive"
-    assert (frame["p_holm"].dropna() >= frame["p"].dropna()).all()
+    assert np.isnan(by.loc["IAC above filtering (AVG@8)", "p_holm"])
+    # a missing planned seed leaves every primary undecided
+    fewer = C.grid_claims(pp[pp["seed"] != 5], pd.DataFrame(), grid, plan).set_index("claim")
+    assert (fewer.loc[[f"{c.id}: {c.claim}" for c in plan.primaries], "verdict"] == "inconclusive").all()
+    assert "1 of the plan's 6 seeds missing" in fewer.loc["P1: IAC above GRPO", "note"]

@@ -87,13 +87,13 @@ def test_other_grid_compares_orderings_only(tmp_path):
     csv = pd.read_csv(tmp_path / "table2_vs_paper.csv")
     assert csv["diff"].isna().all() and csv["ours"].notna().any() and csv["paper"].notna().any()
     claims = pd.DataFrame(
-        [{"claim": "IAC above grpo", "source": "table2/3", "estimate": 1.5, "ci_low": 0.5, "ci_high": 2.5,
-          "seeds": 3, "p_holm": 0.01, "verdict": "holds"}]
+        [{"claim": "IAC above grpo", "role": "exploratory", "source": "table2/3", "estimate": 1.5, "ci_low": 0.5,
+          "ci_high": 2.5, "seeds": 3, "p": 0.01, "p_holm": float("nan"), "verdict": "holds"}]
     )  # fmt: skip
     summary = R.render_summary(claims, checks, matched, pd.DataFrame(), grid)
     assert "only orderings and signs" in summary and "disagree with its numbers in 17 cells" in summary
-    assert "| IAC above grpo | table2/3 | +1.50 | [+0.50, +2.50] | 3 | 0.01 | **holds** |" in summary
-    assert "1 holds, 0 contradicted, 0 inconclusive." in summary
+    assert "| IAC above grpo | exploratory | +1.50 | [+0.50, +2.50] | 3 | 0.01 | **holds** |" in summary
+    assert "exploratory: 1 holds, 0 contradicted, 0 absent, 0 inconclusive." in summary
 
 
 def test_avg_is_the_mean_of_the_rows_peaks_as_in_the_paper():

@@ -1,37 +1,38 @@
-"""Paired hierarchical bootstrap over training seeds, then evaluation problems; Holm; three-way verdicts.
+"""Paired tests on per-seed differences, equivalence (TOST), Holm, four-way verdicts.
 
-Design (fixed before looking at results):
-- Every arm of a comparison is trained with the same seeds (same data order, same evaluation samples: common
-  random numbers) and evaluated on the same problems, so arms are *paired* on seeds and on problems.
-- One bootstrap replicate draws S seeds with replacement, then the problems with replacement within each
-  evaluation split. Problems are crossed with seeds (every seed is evaluated on the same problems), so one
-  problem draw serves every seed and every arm of the replicate; the pairing is kept at both levels.
-- The bootstrap's seed-level variance is shrunk by (S - 1) / S; the standard error is scaled back by
-  sqrt(S / (S - 1)) and the interval and p-value use Student's t with S - 1 degrees of freedom, so a handful of
-  seeds gives wide, honest intervals (checked by the calibration test in tests/test_claims.py).
-- A claim's p-value is two-sided; Holm's step-down procedure controls the family-wise error across the claims.
-  ``holds``: significant after Holm in the claimed direction; ``contradicted``: significant in the opposite
-  direction; ``inconclusive``: neither, or fewer than two paired seeds (no seed variance to test against).
+Design (fixed before the data, ``calibrl.analysis_plan``):
+- The unit of replication is the training seed. Every arm of a comparison is trained with the same seeds (same
+  data order) and each seed's checkpoints are evaluated with that seed's own sampling stream (common random
+  numbers across arms, independent across seeds), on the same problems. A seed's quantity is its mean over
+  the problems (each split weighing equally, as the paper's Avg. column), so a paired difference D_s per seed
+  holds every source of noise that replicates (training, evaluation sampling, their interaction with problems)
+  exactly once. Inference is conditional on the evaluation problems, as the paper's benchmarks are fixed.
+- Test: Student's t on the D_s with S - 1 degrees of freedom, two-sided. Where the D_s have no variance (all
+  equal) the t statistic is undefined and the exact sign-flip test decides instead (p = 2 / 2^S when every
+  difference has the same sign, 1 when all are zero): a zero standard error is never p = 0.
+- Equivalence: two one-sided t tests (TOST) against +-margin; the larger p is the equivalence p-value.
+- Holm's step-down over a family (the plan's primary claims), separately for the difference and the
+  equivalence p-values. Verdicts: ``holds`` (difference significant in the claimed direction), ``contradicted``
+  (significant the other way), ``absent`` (not different, and equivalent within the margin), ``inconclusive``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as st
 
 LEVEL = 0.05  # family-wise error rate of the verdicts (Holm)
-REPS = 2000  # bootstrap replicates per claim
+VERDICTS = ("holds", "contradicted", "absent", "inconclusive")
+EXACT_UP_TO = 16  # seeds up to which the sign-flip test enumerates every flip (2^16); Monte Carlo beyond
 
 
 @dataclass
 class Sample:
-    """Arms on common seeds and problems: ``values[arm]`` has shape (seeds, problems).
-
-    ``weights`` (problems,) sum to 1 (each split weighs equally, as the paper's Avg. column: the mean of its
-    benchmarks); ``strata`` (problems,) is the split of each problem, resampled within."""
+    """Arms on common seeds and problems: ``values[arm]`` has shape (seeds, problems); ``weights`` (problems,)
+    sum to 1 (each split weighs equally); ``strata`` (problems,) the split of each problem."""
 
     values: dict[str, np.ndarray]
     weights: np.ndarray
@@ -42,6 +43,10 @@ class Sample:
     def n_seeds(self) -> int:
         return len(self.seeds)
 
+    def per_seed(self, arm: str) -> np.ndarray:
+        """(seeds,): each seed's quantity, the weighted mean over problems."""
+        return self.values[arm] @ self.weights
+
 
 @dataclass
 class Estimate:
@@ -51,64 +56,42 @@ class Estimate:
     ci_high: float
     p: float  # two-sided, unadjusted
     seeds: int
+    p_equiv: float = float("nan")  # TOST against +-margin, unadjusted
+    margin: float = float("nan")
 
 
-def _problem_counts(strata: np.ndarray, reps: int, rng: np.random.Generator) -> np.ndarray:
-    """(reps, problems) multiplicities of one bootstrap draw of problems within each stratum."""
-    counts = np.zeros((reps, len(strata)))
-    for s in np.unique(strata):
-        where = np.flatnonzero(strata == s)
-        counts[:, where] = rng.multinomial(len(where), np.full(len(where), 1 / len(where)), size=reps)
-    return counts
+def signflip_p(d: np.ndarray, reps: int = 20000, seed: int = 0) -> float:
+    """Two-sided exact sign-flip p-value of the mean of ``d`` (Monte Carlo with ``reps`` flips past
+    ``EXACT_UP_TO`` values): the share of sign assignments whose |mean| reaches the observed one."""
+    d = np.asarray(d, dtype=float)
+    if len(d) == 0:
+        return float("nan")
+    if len(d) <= EXACT_UP_TO:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
+    else:
+        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(reps, len(d)))
+        signs[0] = 1.0  # the observed assignment is one of them
+    stat = np.abs(signs @ d)
+    return float(np.mean(stat >= abs(d.sum()) * (1 - 1e-12)))
 
 
-def residual_var(d: np.ndarray) -> float:
-    """Seed x problem interaction variance of ``d`` (seeds, problems): the two-way residual mean square."""
-    s, p = d.shape
-    if s < 2 or p < 2:
-        return 0.0
-    resid = d - d.mean(axis=1, keepdims=True) - d.mean(axis=0, keepdims=True) + d.mean()
-    return float((resid**2).sum() / ((s - 1) * (p - 1)))
-
-
-def bootstrap(
-    sample: Sample,
-    contrast: Callable[[dict[str, np.ndarray]], np.ndarray],
-    reps: int = REPS,
-    seed: int = 0,
-    linear: bool = True,
-) -> Estimate:
-    """The ``contrast`` of the arms' means (e.g. ``lambda m: m["iac"] - m["grpo"]``), with its interval.
-
-    ``contrast`` maps {arm: array of means} to an array of the same shape; it is applied to the point estimate
-    and to every replicate, so non-linear claims (the best of several, an interior optimum) are handled alike.
-
-    Resampling seeds and problems of a crossed design counts the seed x problem noise (mostly evaluation
-    sampling) three times instead of once (Owen 2007, "The pigeonhole bootstrap", Ann. Appl. Stat.); for a
-    ``linear`` contrast (differences of arms, applied per problem) the excess is estimated from the two-way
-    residual and removed; a non-linear contrast keeps the conservative variance."""
-    rng = np.random.default_rng(seed)
-    s = sample.n_seeds
-    point = float(contrast({a: np.array([(v @ sample.weights).mean()]) for a, v in sample.values.items()})[0])
+def paired(d: np.ndarray, margin: float = float("nan"), level: float = LEVEL) -> Estimate:
+    """The mean of the per-seed differences ``d`` with its t interval, two-sided p and TOST p against ``margin``."""
+    d = np.asarray(d, dtype=float)
+    s = len(d)
+    est = float(d.mean()) if s else float("nan")
     if s < 2:
-        return Estimate(point, float("nan"), float("nan"), float("nan"), float("nan"), s)
-    pick = rng.integers(0, s, size=(reps, s))
-    w = _problem_counts(sample.strata, reps, rng) * sample.weights  # (reps, problems)
-    means = {}
-    for arm, v in sample.values.items():
-        per_seed = w @ v.T  # (reps, seeds): each seed's quantity under the replicate's problem draw
-        means[arm] = np.take_along_axis(per_seed, pick, axis=1).mean(axis=1)
-    draws = contrast(means)
-    var = float(draws.var(ddof=1))
-    if linear:
-        d = contrast(sample.values)  # per seed and problem
-        excess = 2 * residual_var(d) * float((sample.weights**2).sum()) / s
-        var = max(var - excess, var / 3)  # never below the pigeonhole variance's floor
-    se = float(np.sqrt(var * s / (s - 1)))
+        return Estimate(est, float("nan"), float("nan"), float("nan"), float("nan"), s, margin=margin)
+    se = float(d.std(ddof=1) / np.sqrt(s))
     t = st.t(df=s - 1)
-    half = float(t.ppf(1 - LEVEL / 2) * se)
-    p = 1.0 if se == 0 and point == 0 else (0.0 if se == 0 else float(2 * t.sf(abs(point) / se)))
-    return Estimate(point, se, point - half, point + half, p, s)
+    half = float(t.ppf(1 - level / 2) * se)
+    if se > 0:
+        p = float(2 * t.sf(abs(est) / se))
+        p_eq = float(max(t.sf((est + margin) / se), t.cdf((est - margin) / se))) if np.isfinite(margin) else np.nan
+    else:  # no variance: the exact sign-flip test; for equivalence, the one-sided sign tests (every d inside)
+        p = signflip_p(d)
+        p_eq = (0.5**s if abs(est) < margin else 1.0) if np.isfinite(margin) else float("nan")  # sign test
+    return Estimate(est, se, est - half, est + half, p, s, p_eq, margin)
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -124,10 +107,31 @@ def holm(pvalues: list[float]) -> list[float]:
     return out.tolist()
 
 
-def verdict(estimate: float, p_adjusted: float, direction: int = 1, min_effect: float = 0.0) -> str:
-    """holds / contradicted / inconclusive for a claim that the estimate has the sign ``direction``.
+def verdict(estimate: float, p: float, p_equiv: float = float("nan"), direction: int = 1, level: float = LEVEL) -> str:
+    """holds / contradicted / absent / inconclusive for a claim that the estimate has the sign ``direction``,
+    from the (adjusted) difference p-value and equivalence p-value."""
+    if np.isfinite(p) and p < level:
+        return "holds" if estimate * direction > 0 else "contradicted"
+    if np.isfinite(p_equiv) and p_equiv < level:
+        return "absent"
+    return "inconclusive"
 
-    ``min_effect``: a significant effect smaller than this (in the estimate's units) is inconclusive."""
-    if not np.isfinite(p_adjusted) or p_adjusted >= LEVEL or abs(estimate) < min_effect:
-        return "inconclusive"
-    return "holds" if estimate * direction > 0 else "contradicted"
+
+def power(sd: float, effect: float, seeds: int, level: float = LEVEL) -> float:
+    """Power of the two-sided paired t test at ``level`` for a true mean difference ``effect`` when the per-seed
+    differences have standard deviation ``sd`` (the noncentral t distribution)."""
+    if seeds < 2 or sd <= 0:
+        return float("nan")
+    df, nc = seeds - 1, effect / (sd / np.sqrt(seeds))
+    crit = st.t.ppf(1 - level / 2, df)
+    exact = float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
+    # scipy's noncentral t gives NaN far in the tail (a large noncentrality): the normal limit is exact enough there
+    return exact if np.isfinite(exact) else float(st.norm.sf(crit - nc) + st.norm.cdf(-crit - nc))
+
+
+def seeds_needed(sd: float, effect: float, target: float = 0.8, level: float = LEVEL, most: int = 1000) -> int:
+    """The fewest paired seeds at which :func:`power` reaches ``target`` (``most`` + 1 if none up to ``most``)."""
+    for s in range(2, most + 1):
+        if power(sd, effect, s, level) >= target:
+            return s
+    return most + 1

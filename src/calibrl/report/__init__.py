@@ -1,9 +1,10 @@
 """Aggregation of the grid into the paper's tables, figures and claims, read from result files only.
 
 One module per idea: ``load`` (result files), ``tables`` (Tables 2-5, peak reporting), ``figures``,
-``paper`` (beside the published numbers), ``stats`` (paired hierarchical bootstrap, Holm, verdicts),
-``claims`` (the paper's claims decided on a pre-specified quantity), ``sharpening`` (pass@k curves,
-distinct answers, entropy with bands), ``summary``, and the jobs the rules call (``jobs``, ``mlflow_view``).
+``paper`` (beside the published numbers), ``claims`` (the plan's primary claims decided, the paper's other
+orderings exploratory; the tests are ``calibrl.stats``'), ``power`` (each primary's power from results),
+``sharpening`` (pass@k curves, distinct answers, entropy with bands), ``summary``, and the jobs the rules call
+(``jobs``, ``mlflow_view``).
 """
 
 from calibrl.io import write_markdown

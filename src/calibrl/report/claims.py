@@ -1,12 +1,16 @@
-"""The paper's claims about Tables 2-5 and Figure 6, each decided on a quantity fixed in advance.
+"""The claims: the plan's primary claims, decided, and the paper's other orderings, reported as exploratory.
 
-The quantity (``grid.claims``): per problem, AVG@k (correct samples / n) or PASS@k (the unbiased estimator),
-at each of the last ``grid.claims.last_checkpoints`` evaluated checkpoints, averaged over them; then the mean
-over each split's problems, and the mean over the evaluation splits (the paper's "Avg.": the mean of its
-benchmarks). Not the peak over checkpoints: choosing the best checkpoint per cell is selection on the test set
-(the peak tables stay, as the paper's reporting). Figure 6's quantity is the training entropy averaged over the
-last quarter of the steps, per seed. Every claim is a contrast between arms on their common seeds
-(``calibrl.report.stats``); the toy's claims join the same Holm family (``calibrl.toy.verdicts``).
+Primary claims come from the pre-registered plan (``calibrl.analysis_plan``): each a paired t test (and TOST
+against its margin) on the per-seed differences of its quantity, Holm over the primaries only, a four-way verdict
+(``calibrl.stats``). Every other ordering the paper states about Tables 2-5 and Figure 6 is **exploratory**: the
+same paired test at the unadjusted level, labelled so; a claim that one arm is the best of several is an
+intersection-union test over its pairwise differences (the arm minus the max of the others is biased under the
+null). The toy's claims (``results/toy/claims.csv``) join as exploratory rows with their own verdicts.
+
+The quantity: per problem, AVG@k (correct samples / n), PASS@k (the unbiased estimator) or the distinct correct
+answers, at each of the run's last N evaluated checkpoints, averaged over them; then the mean over each split's
+problems and over the splits (the paper's "Avg."). The base model (the warm start) is the arm ``base``, evaluated
+at step 0 with each seed's sampling stream. Not the peak over checkpoints (that is selection on the test set).
 """
 
 from __future__ import annotations
@@ -17,16 +21,19 @@ import numpy as np
 import pandas as pd
 
 from calibrl import stats as S
+from calibrl.analysis_plan import BASE, Plan
 from calibrl.metrics import pass_at_k
 from calibrl.report.load import metrics
 
-COLUMNS = ["claim", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "p", "p_holm", "verdict"]
+COLUMNS = ["claim", "role", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "p", "p_holm",
+           "p_equiv", "p_equiv_holm", "margin", "verdict", "note", "plan_sha256"]  # fmt: skip
+KEYS = ["model", "method", "seed", "split", "problem"]
 
 
 @dataclass(frozen=True)
 class Claim:
-    """``kind``: "diff" (arms[0] above arms[1]), "best" (arms[0] above every other arm), "interior" (the best
-    of ``arms[:2]`` above the best of ``arms[2:]``). ``metric``: a key of the evaluation files, or "entropy"."""
+    """An exploratory ordering. ``kind``: "diff" (arms[0] above arms[1]), "best" (arms[0] above every other
+    arm), "interior" (one of ``arms[:2]`` above both of ``arms[2:]``). ``metric``: an evaluation key or "entropy"."""
 
     claim: str
     source: str
@@ -34,16 +41,6 @@ class Claim:
     metric: str
     kind: str
     arms: tuple[str, ...]
-
-    def contrast(self, m: dict[str, np.ndarray]) -> np.ndarray:
-        a = self.arms
-        if self.kind == "diff":
-            return m[a[0]] - m[a[1]]
-        if self.kind == "best":
-            return m[a[0]] - np.max([m[o] for o in a[1:]], axis=0)
-        if self.kind == "interior":
-            return np.max([m[o] for o in a[:2]], axis=0) - np.max([m[o] for o in a[2:]], axis=0)
-        raise ValueError(f"unknown claim kind {self.kind!r}")
 
 
 def paper_claims(grid: dict) -> list[Claim]:
@@ -81,16 +78,8 @@ def paper_claims(grid: dict) -> list[Claim]:
             if {a, b} <= set(t5):
                 out.append(Claim(f"{text} ({label})", "table5", main, key, "diff", (a, b)))
         if {"iac", "iac_a1.5", "grpo", "iac_a2"} <= set(t5):
-            out.append(
-                Claim(
-                    f"alpha optimum interior: best of alpha 1, 1.5 above best of 0, 2 ({label})",
-                    "table5",
-                    main,
-                    key,
-                    "interior",
-                    ("iac", "iac_a1.5", "grpo", "iac_a2"),
-                )
-            )
+            text = f"alpha optimum interior: alpha 1 or 1.5 above both 0 and 2 ({label})"
+            out.append(Claim(text, "table5", main, key, "interior", ("iac", "iac_a1.5", "grpo", "iac_a2")))
     f6 = tables["figure6"]
     if len(f6) >= 2:  # the paper's Figure 6: DAPO+IAC (the last listed) keeps more entropy than DAPO (the first)
         names = {"dapo": "DAPO", "dapo_iac": "DAPO+IAC", "dapo_iac_dlc": "DAPO+IAC+DLC"}
@@ -101,102 +90,164 @@ def paper_claims(grid: dict) -> list[Claim]:
 
 
 def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
-    """Per (model, method, seed, split, problem): ``metric`` averaged over the ``last`` evaluated checkpoints."""
+    """Per (model, method, seed, split, problem): ``metric`` averaged over the ``last`` evaluated checkpoints of
+    the runs (the base model's step 0 for arm ``base``)."""
     if pp.empty:
-        return pp.assign(q=[])
-    steps = sorted(pp["step"].unique())[-last:]
-    sub = pp[pp["step"].isin(steps)]
-    if metric.startswith("pass_at_"):
+        return pd.DataFrame(columns=[*KEYS, "q"])
+    runs = pp[pp["method"] != BASE]
+    steps = sorted(runs["step"].unique())[-last:]
+    sub = pd.concat([runs[runs["step"].isin(steps)], pp[pp["method"] == BASE]])
+    if metric == "distinct":
+        q = sub["distinct"]
+    elif metric.startswith("pass_at_"):
         k = int(metric.rsplit("_", 1)[1])
         q = [pass_at_k(n, c, k) for n, c in zip(sub["n"], sub["correct"])]
     else:  # avg_at_k: the fraction of correct samples
         q = sub["correct"] / sub["n"]
     sub = sub.assign(q=np.asarray(q, dtype=float))
-    return sub.groupby(["model", "method", "seed", "split", "problem"], as_index=False)["q"].mean()
+    return sub.groupby(KEYS, as_index=False)["q"].mean()
 
 
-def sample_of(q: pd.DataFrame, model: str, arms: tuple[str, ...]) -> S.Sample | None:
-    """The arms' (seeds x problems) arrays on the seeds every arm has; None when an arm is missing."""
+def sample_of(q: pd.DataFrame, model: str, arms: tuple[str, ...], seeds: tuple[int, ...] | None = None):
+    """The arms' (seeds x problems) arrays on the seeds every arm has (only ``seeds`` when given); None when an
+    arm is missing."""
     sub = q[(q["model"] == model) & q["method"].isin(arms)]
-    seeds = sorted(set.intersection(*(set(sub[sub["method"] == a]["seed"]) for a in arms))) if len(sub) else []
-    if not seeds:
+    common = set.intersection(*(set(sub[sub["method"] == a]["seed"]) for a in arms)) if len(sub) else set()
+    common = sorted(common & set(seeds) if seeds is not None else common)
+    if not common:
         return None
-    sub = sub[sub["seed"].isin(seeds)]
+    sub = sub[sub["seed"].isin(common)].dropna(subset=["q"])
     wide = sub.pivot_table(index=["method", "seed"], columns=["split", "problem"], values="q")
+    if any((a, s) not in wide.index for a in arms for s in common):
+        return None  # an arm without a value at some seed (e.g. no entropy: DAPO trained nothing at the end)
     if wide.isna().any().any():
         raise ValueError(f"arms {arms} of {model} were not evaluated on the same problems")
     splits = wide.columns.get_level_values("split")
     per_split = pd.Series(splits).map(pd.Series(splits).value_counts()).to_numpy()
     weights = 1.0 / (per_split * len(set(splits)))
-    values = {a: wide.loc[a].loc[seeds].to_numpy() for a in arms}
-    return S.Sample(values, weights, np.asarray(pd.factorize(splits)[0]), seeds)
+    values = {a: wide.loc[a].loc[common].to_numpy() for a in arms}
+    return S.Sample(values, weights, np.asarray(pd.factorize(splits)[0]), common)
 
 
 def entropy_quantity(train: pd.DataFrame) -> pd.DataFrame:
     """Per (model, method, seed): training entropy averaged over the last quarter of the steps (Figure 6)."""
     if train.empty or "entropy" not in train:
-        return pd.DataFrame(columns=["model", "method", "seed", "split", "problem", "q"])
+        return pd.DataFrame(columns=[*KEYS, "q"])
     last = train[train["step"] > train["step"].max() * 0.75]
     out = last.groupby(["model", "method", "seed"], as_index=False)["entropy"].mean()
     return out.rename(columns={"entropy": "q"}).assign(split="train", problem=0)
 
 
-def decide(claims: list[Claim], q_by_metric: dict[str, pd.DataFrame], reps: int = S.REPS) -> pd.DataFrame:
-    """One row per claim: estimate (percentage points; nats for entropy), interval, seeds, p, verdict.
-
-    Holm is applied by ``finish`` over the whole family (these claims and the toy's)."""
-    rows = []
-    for i, c in enumerate(claims):
-        sample = sample_of(q_by_metric[c.metric], c.model, c.arms)
-        scale = 1.0 if c.metric == "entropy" else 100.0
-        quantity = "entropy, last quarter" if c.metric == "entropy" else f"{c.metric}, mean of last checkpoints"
-        if sample is None:
-            rows.append({"claim": c.claim, "source": c.source, "quantity": quantity, "seeds": 0})
-            continue
-        e = S.bootstrap(sample, c.contrast, reps=reps, seed=i, linear=c.kind == "diff")
-        rows.append(
-            {
-                "claim": c.claim,
-                "source": c.source,
-                "quantity": quantity,
-                "estimate": e.estimate * scale,
-                "ci_low": e.ci_low * scale,
-                "ci_high": e.ci_high * scale,
-                "seeds": e.seeds,
-                "p": e.p,
-            }
-        )
-    return pd.DataFrame(rows, columns=COLUMNS[:-2])
+def _pairwise(sample: S.Sample, a: str, others: tuple[str, ...], scale: float) -> S.Estimate:
+    """Intersection-union: ``a`` above every arm of ``others``; the weakest pairwise test decides (largest p)."""
+    tests = [S.paired((sample.per_seed(a) - sample.per_seed(o)) * scale) for o in others]
+    return max(tests, key=lambda e: (np.nan_to_num(e.p, nan=2.0), -e.estimate))
 
 
-def finish(frame: pd.DataFrame) -> pd.DataFrame:
-    """Holm across every claim of the frame, then the verdicts (each claim states a positive contrast)."""
-    frame = frame.copy()
-    frame["p_holm"] = S.holm(frame["p"].astype(float).tolist())
-    effects = frame["min_effect"].fillna(0.0) if "min_effect" in frame else [0.0] * len(frame)
-    frame["verdict"] = [S.verdict(e, p, 1, m) for e, p, m in zip(frame["estimate"], frame["p_holm"], effects)]
-    return frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]
+def contrast(claim: Claim, sample: S.Sample, scale: float) -> S.Estimate:
+    a = claim.arms
+    if claim.kind == "diff":
+        return S.paired((sample.per_seed(a[0]) - sample.per_seed(a[1])) * scale)
+    if claim.kind == "best":
+        return _pairwise(sample, a[0], a[1:], scale)
+    if claim.kind == "interior":  # either interior arm beating both ends: Bonferroni over the two choices
+        e = min((_pairwise(sample, i, a[2:], scale) for i in a[:2]), key=lambda e: np.nan_to_num(e.p, nan=2.0))
+        e.p = min(1.0, 2 * e.p) if np.isfinite(e.p) else e.p
+        return e
+    raise ValueError(f"unknown claim kind {claim.kind!r}")
 
 
-def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, reps: int = S.REPS) -> pd.DataFrame:
-    """The grid's claims (before Holm), from per-problem evaluation results and training metrics."""
+def _row(text: str, role: str, source: str, quantity: str, e: S.Estimate | None, note: str = "") -> dict:
+    if e is None:
+        return {"claim": text, "role": role, "source": source, "quantity": quantity, "seeds": 0, "note": note}
+    return {"claim": text, "role": role, "source": source, "quantity": quantity, "estimate": e.estimate,
+            "ci_low": e.ci_low, "ci_high": e.ci_high, "seeds": e.seeds, "p": e.p, "p_equiv": e.p_equiv,
+            "margin": e.margin, "note": note}  # fmt: skip
+
+
+def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = frozenset()) -> pd.DataFrame:
+    """The paper's orderings (but those in ``skip``: (model, metric, arms) the primaries decide), unadjusted."""
     last = int(grid.get("claims", {}).get("last_checkpoints", 2))
     q = {key: problem_quantity(pp, key, last) for key in metrics(grid)}
     q["entropy"] = entropy_quantity(train)
-    return decide(paper_claims(grid), q, reps)
+    rows = []
+    for c in paper_claims(grid):
+        if (c.model, c.metric, c.arms) in skip:
+            continue
+        sample = sample_of(q[c.metric], c.model, c.arms)
+        scale = 1.0 if c.metric == "entropy" else 100.0
+        quantity = "entropy, last quarter" if c.metric == "entropy" else f"{c.metric}, mean of last {last} checkpoints"
+        e = contrast(c, sample, scale) if sample is not None else None
+        row = _row(c.claim, "exploratory", c.source, quantity, e)
+        row["verdict"] = S.verdict(row.get("estimate", np.nan), row.get("p", np.nan))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
+    """The plan's primary claims on ``model``, Holm over them (difference and equivalence p-values alike)."""
+    rows = []
+    for c in plan.primaries:
+        q = problem_quantity(pp, c.metric, c.checkpoints)
+        sample = sample_of(q, model, c.arms, plan.seeds)
+        quantity = f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s), paired t on seeds"
+        missing = len(plan.seeds) - (sample.n_seeds if sample else 0)
+        if sample is None or missing:
+            note = f"{missing} of the plan's {len(plan.seeds)} seeds missing: not decided"
+            rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, None, note))
+            continue
+        d = (sample.per_seed(c.arms[0]) - sample.per_seed(c.arms[1])) * c.scale
+        e = S.paired(d, c.margin, plan.level)
+        rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, e, f"margin +-{c.margin:g} {c.unit}"))
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["p_holm"] = S.holm(frame["p"].astype(float).tolist())
+    frame["p_equiv_holm"] = S.holm(frame["p_equiv"].astype(float).tolist())
+    frame["verdict"] = [
+        S.verdict(e, p, q, c.direction, plan.level)
+        for e, p, q, c in zip(frame["estimate"], frame["p_holm"], frame["p_equiv_holm"], plan.primaries)
+    ]
+    small = (frame["verdict"].isin(["holds", "contradicted"]) & (frame["p_equiv_holm"] < plan.level)).to_numpy()
+    frame.loc[small, "note"] += "; different from zero, yet inside the margin: smaller than the plan's smallest effect"
+    return frame
+
+
+def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, plan: Plan | None) -> pd.DataFrame:
+    """Primary claims (when a plan is set) then the exploratory ones, each row stamped with the plan's hash."""
+    main = grid["main_model"]
+    frames, skip = [], set()
+    if plan is not None:
+        frames.append(primary(plan, pp, main))
+        skip = {(main, c.metric, c.arms) for c in plan.primaries}
+    frames.append(exploratory(pp, train, grid, skip))
+    out = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[-1]
+    return out.assign(plan_sha256=plan.sha256 if plan else "")[COLUMNS]
+
+
+def with_toy(claims: pd.DataFrame, toy: pd.DataFrame) -> pd.DataFrame:
+    """The toy's rows appended as exploratory (their verdicts are the toy's own, ``calibrl.toy.verdicts``)."""
+    if toy.empty:
+        return claims
+    toy = toy.assign(role="exploratory", plan_sha256=claims["plan_sha256"].iloc[0] if len(claims) else "")
+    if "verdict" not in toy:
+        toy["verdict"] = [S.verdict(e, p) for e, p in zip(toy["estimate"], toy["p"])]
+    return pd.concat([claims, toy.reindex(columns=COLUMNS)], ignore_index=True)
 
 
 def render(frame: pd.DataFrame) -> list[str]:
-    """The claims as a Markdown table, with the counts of each verdict."""
+    """The claims as a Markdown table (primaries first), with the counts of each verdict per role."""
     lines = [
-        "| claim | source | estimate | 95% CI | seeds | p (Holm) | verdict |",
+        "| claim | role | estimate | 95% CI | seeds | p (Holm for primaries) | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in frame.itertuples():
         est = "-" if pd.isna(r.estimate) else f"{r.estimate:+.2f}"
         ci = "-" if pd.isna(r.ci_low) else f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-        p = "-" if pd.isna(r.p_holm) else f"{r.p_holm:.3g}"
-        lines.append(f"| {r.claim} | {r.source} | {est} | {ci} | {r.seeds} | {p} | **{r.verdict}** |")
-    counts = frame["verdict"].value_counts()
-    lines += ["", ", ".join(f"{counts.get(v, 0)} {v}" for v in ("holds", "contradicted", "inconclusive")) + "."]
+        p = r.p_holm if r.role == "primary" else r.p
+        p = "-" if pd.isna(p) else f"{p:.3g}"
+        lines.append(f"| {r.claim} | {r.role} | {est} | {ci} | {r.seeds} | {p} | **{r.verdict}** |")
+    lines.append("")
+    for role in ("primary", "exploratory"):
+        counts = frame[frame["role"] == role]["verdict"].value_counts()
+        if counts.sum():
+            lines.append(f"{role}: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in S.VERDICTS) + ".")
     return lines

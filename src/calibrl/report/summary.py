@@ -37,14 +37,16 @@ def render_summary(claims: pd.DataFrame, checks: list[dict], matched: bool, nois
         "",
         "## Claims: effect, 95% interval, verdict (`claims.csv`)",
         "",
-        f"Each claim is decided on a quantity fixed in advance: the per-problem metric at the last {last} "
-        "evaluated checkpoints (averaged), the mean over each split's problems, then over the splits (the "
-        "paper's Avg.); Figure 6 on the training entropy of the last quarter of steps; the toy on per-seed "
-        "values. Estimates are differences in percentage points (nats for entropy; toy: its metric), paired "
-        "across arms on common seeds; intervals from a bootstrap over seeds, then problems, with Student's t "
-        f"on the seeds. Verdicts at a family-wise {S.LEVEL:g} (Holm across every claim below): **holds**, "
-        "**contradicted** (significant the other way) or **inconclusive** (including claims with fewer than "
-        "two paired seeds).",
+        "Primary claims come from the pre-registered analysis plan (`grid.claims.plan`, its SHA-256 in every "
+        "row of `claims.csv`): each decided by a paired t test on the per-seed differences of its quantity (the "
+        "training seed is the unit of replication; each seed's arms share data order and evaluation samples), "
+        "with Holm over the primaries only, and an equivalence test (TOST) against its margin. Verdicts: "
+        "**holds**, **contradicted** (significant the other way), **absent** (equivalent to no effect within the "
+        f"margin) or **inconclusive**, at a family-wise {S.LEVEL:g}. Every other row is **exploratory**: the same "
+        "paired test, unadjusted, on the per-problem metric at the last "
+        f"{last} evaluated checkpoint(s) averaged over problems and splits (the paper's Avg.); Figure 6 on the "
+        "training entropy of the last quarter of steps; the toy on per-seed values. Estimates are differences in "
+        "percentage points (answers for distinct correct answers, nats for entropy; toy: its metric).",
         "",
         *C.render(claims),
         "",
