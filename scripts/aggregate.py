@@ -12,4 +12,4 @@ if __name__ == "__main__":
     results = str(Path(snakemake.output.done).parent)  # the results folder: runs/, tables/, figures/
     inp = snakemake.input
     jobserver.run("calibrl.report.jobs:aggregate_job", snakemake.log[0], grid, list(inp.evals), list(inp.metrics),
-                  results, snakemake.output.done, toy_csv=inp.toy)  # fmt: skip
+                  results, snakemake.output.done, toy_csv=inp.toy, plan_path=inp.plan or None)  # fmt: skip

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from calibrl import backends, evaluate
+from calibrl import analysis_plan, backends, evaluate
 from calibrl.runs import Run, checkpoint_steps
 from calibrl.spec import EvalSettings, MethodSpec, TrainSettings, compile_method
 
@@ -150,6 +150,28 @@ def warmstart_params(config: dict, model: str) -> dict:
     }
 
 
+def analysis(config: dict) -> analysis_plan.Plan | None:
+    """The pre-registered analysis plan (``grid.claims.plan``), or None."""
+    path = config["grid"]["claims"].get("plan")
+    return analysis_plan.load(path) if path else None
+
+
+def plan_sha256(config: dict) -> str | None:
+    plan = analysis(config)
+    return plan.sha256 if plan else None
+
+
+def base_params(config: dict, seed: int) -> dict:
+    """What rule evaluate_base's job reads: how checkpoints are evaluated, the seed whose stream it samples with
+    and the plan it is evaluated under."""
+    return {**eval_params(config), "seed": seed, "plan": plan_sha256(config)}
+
+
+def base_seeds(config: dict, model: str) -> list[int]:
+    """Every training seed of ``model``'s runs: the base model is evaluated once per seed's sampling stream."""
+    return sorted({r.seed for r in runs(config) if r.model == model})
+
+
 def train_params(config: dict, run: Run) -> dict:
     """Everything a training run's result depends on (and nothing else): its model and memory, its compiled method,
     the shared training settings, the prompt, the seed and how its data were made. With the digests of its input
@@ -175,6 +197,8 @@ def train_params(config: dict, run: Run) -> dict:
         "on_error": grid["data"]["on_error"],
         "data": data_params(grid, "train"),
         "data_seed": grid["data"]["seed"],  # the order of the training queries
+        # a changed analysis plan retrains: results are decided only under the plan they were made under
+        **({"plan": sha} if (sha := plan_sha256(config)) else {}),
     }
 
 
@@ -335,6 +359,13 @@ def problems(config: dict) -> list[tuple[str, str]]:
     for name, spec in grid["models"].items():
         if spec.get("memory") and spec["memory"] not in grid["memory_models"]:
             out.append((f"grid.models.{name}.memory", f"{spec['memory']!r} is not one of grid.memory_models"))
+    if grid["claims"].get("plan"):
+        try:
+            analysis_plan.check_config(analysis_plan.load(grid["claims"]["plan"]), grid)
+        except analysis_plan.PlanError as e:
+            out.append(("grid.claims.plan", str(e)))
+    if "base" in grid["methods"]:
+        out.append(("grid.methods.base", "the name of the base model's arm (calibrl.analysis_plan.BASE); rename it"))
     listable = not any(k.startswith(("grid.tables", "grid.extra_seeds", "grid.main_model", "grid.models",
                                      "grid.memory_models")) for k, _ in out)  # fmt: skip
     specs = run_specs(config) if listable else []

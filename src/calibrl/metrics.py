@@ -56,7 +56,7 @@ def split_metrics(grades: Sequence[Sequence], lengths: Sequence[int], k: int) ->
         "n_samples": len(grades[0]) if grades else 0,
         "timeouts": sum(g.timed_out for group in grades for g in group),
         "response_length": sum(lengths) / max(len(lengths), 1),
-        # Per problem, in the split's order: what the claims' bootstrap resamples (seeds, then problems) and
-        # what pass@k for every k <= n is computed from (calibrl.report.claims, calibrl.report.sharpening).
+        # Per problem, in the split's order: what the claims' per-seed quantities and pass@k for every k <= n
+        # are computed from (calibrl.report.claims, calibrl.report.sharpening).
         "per_problem": {"correct": [sum(g.correct for g in group) for group in grades], "distinct": distinct},
     }

@@ -310,10 +310,14 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
     ev = grid["eval"]
     n_ckpt = len(G.eval_steps(config))
     evals = []
+    tp = int(ev["tensor_parallel_size"])
     for r in runs:
-        tp = int(ev["tensor_parallel_size"])
         gen = generation_seconds(a, _hf(config, r.model), eval_problems * ev["n"], ev["max_new_tokens"], egpus, tp)
         evals.append((n_ckpt, startup_seconds(a, _hf(config, r.model)) + gen))
+    bases = [(m, s) for m in grid["models"] for s in G.base_seeds(config, m)]  # rule evaluate_base: step 0 per seed
+    for m, _ in bases:
+        gen = generation_seconds(a, _hf(config, m), eval_problems * ev["n"], ev["max_new_tokens"], egpus, tp)
+        evals.append((1, startup_seconds(a, _hf(config, m)) + gen))
     jobs = sum(j for j, _ in evals)
     rows.append(
         Row(
@@ -322,7 +326,7 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
             egpus,
             max(w for _, w in evals) / 3600,
             _gb(jobs * a["eval_result_bytes"]),
-            f"{len(runs)} runs x {n_ckpt} checkpoints; longest shown",
+            f"{len(runs)} runs x {n_ckpt} checkpoints + {len(bases)} base-model evaluations; longest shown",
             sum(j * w for j, w in evals) * egpus / 3600,
         )
     )

@@ -11,7 +11,8 @@ dicts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import hashlib
+from dataclasses import asdict, dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,12 @@ class EvalSettings:
     @classmethod
     def from_params(cls, params: dict) -> EvalSettings:
         return cls(**{f.name: params[f.name] for f in fields(cls)})
+
+    def for_seed(self, run_seed: int) -> EvalSettings:
+        """The sampling stream of training seed ``run_seed``: the same for every arm at that seed (common random
+        numbers) and independent across seeds, so evaluation noise replicates with the seed (``calibrl.stats``)."""
+        digest = hashlib.sha256(f"{self.seed}/{run_seed}".encode()).digest()
+        return replace(self, seed=int.from_bytes(digest[:4], "little"))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -133,7 +133,10 @@ def run_outputs(run, name):
     return res(f"runs/{run.path}/{name}")
 
 
-ALL_EVALS = [run_outputs(r, f"eval/step_{k}.json") for r in RUNS for k in EVAL_STEPS]
+# The base model (what every run of a model starts from) as step 0, once per training seed's sampling stream
+BASE_EVALS = [res(f"runs/{m}/base/s{s}/eval/step_0.json") for m in GRID["models"] for s in G.base_seeds(config, m)]
+ALL_EVALS = [run_outputs(r, f"eval/step_{k}.json") for r in RUNS for k in EVAL_STEPS] + BASE_EVALS
+PLAN = GRID["claims"].get("plan")
 ALL_METRICS = [run_outputs(r, "metrics.jsonl") for r in RUNS]
 
 

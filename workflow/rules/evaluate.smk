@@ -31,3 +31,28 @@ rule evaluate:
         EVAL_ENV
     script:
         "../../scripts/evaluate.py"
+
+
+# The base model every run of {model} starts from, evaluated as step 0 with seed {seed}'s sampling stream (the
+# stream that seed's checkpoints use), so the over-sharpening claims compare each seed's runs with the base on
+# common samples. Its identity is the model's info file and the evaluation settings; "base" is no method's name.
+rule evaluate_base:
+    input:
+        model=lambda w: res(BACKEND.model_file(w.model)),
+        splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
+        preflight=preflight_gate(lambda w: res(f"runs/{w.model}/base/s{w.seed}/eval/step_0.json"), lambda w: ENGINE_REQUEST),
+    output:
+        res("runs/{model}/base/s{seed}/eval/step_0.json"),
+    params:
+        settings=lambda w: G.base_params(config, int(w.seed)),
+        split_names=EVAL_SPLITS,
+    log:
+        res("logs/evaluate/{model}/base/s{seed}/step_0.log"),
+    threads: 1
+    resources:
+        grading_workers=WORKERS,
+        **ENGINE_REQUEST,
+    conda:
+        EVAL_ENV
+    script:
+        "../../scripts/evaluate_base.py"

@@ -1,4 +1,5 @@
-# Aggregation: the claims with intervals and verdicts (grid and toy, one Holm family), the paper's tables beside
+# Aggregation: the claims (the analysis plan's primaries decided with Holm over them; the rest, the toy's too,
+# exploratory), the paper's tables beside
 # the published numbers, figures and the summary (rule aggregate), then the MLflow view of them (rule
 # grid_mlflow, the single writer of the grid's MLflow runs; a broken store fails that rule only, never the
 # tables). Params are the config slices each rule reads. Outputs marked report() make
@@ -19,6 +20,7 @@ rule aggregate:
         evals=ALL_EVALS,
         metrics=ALL_METRICS,
         toy=res("toy/claims.csv"),
+        plan=PLAN or [],
     output:
         done=res("aggregate.json"),
         claims=report(
@@ -77,6 +79,12 @@ rule aggregate:
             res("tables/{what}_{model}.csv"),
             what=["pass_at_k", "distinct_correct", "entropy_bands"],
             model=GRID["main_model"],
+        ),
+        primary=report(
+            res("figures/primary_claims.png"),
+            caption="../report/sharpening.rst",
+            category="Summary (the paper's orderings)",
+            labels={"figure": "primary claims over steps"},
         ),
     params:
         seed=GRID["seed"],

@@ -82,18 +82,13 @@ def evaluate_job(
     ``grid.eval_params``), after checking it was trained with the run's current settings (``settings_path``).
 
     The splits are read once and one set of grading workers serves every checkpoint; each result is the one the
-    checkpoint gets when evaluated alone (sampling is seeded per checkpoint). ``release(policy_dir, step)``, when
-    given, is called once a result is written (the backend's ``release`` under ``grid.retention``)."""
-    import torch
-
-    from calibrl.data.records import read_jsonl
-    from calibrl.tasks import Scorer
-
+    checkpoint gets when evaluated alone (sampling is seeded per checkpoint, with the run seed's stream:
+    ``EvalSettings.for_seed``). ``release(policy_dir, step)``, when given, is called once a result is written (the
+    backend's ``release`` under ``grid.retention``)."""
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
-    settings = EvalSettings.from_params(params["settings"])
-    expected = json.loads(Path(settings_path).read_text())["fingerprint"]
-    ckpts = [checkpoints.check_marker(m, expected) for m in markers]  # all, before any work
+    stamp = json.loads(Path(settings_path).read_text())
+    ckpts = [checkpoints.check_marker(m, stamp["fingerprint"]) for m in markers]  # all, before any work
     for ckpt in ckpts:
         if not Path(ckpt["policy"]).is_dir():
             raise FileNotFoundError(
@@ -101,13 +96,39 @@ def evaluate_job(
                 "(grid.retention.remove_evaluated) or by hand. To evaluate it again, add its step to "
                 "grid.retention.keep_steps and retrain the run (snakemake --forcerun train)."
             )
+    run = stamp["settings"]
+    items = [
+        ({"step": step, "policy": c["policy"], "fingerprint": c["fingerprint"]}, out)
+        for c, out, step in zip(ckpts, out_paths, steps)
+    ]
+    _evaluate(params, run["seed"], run.get("plan"), items, split_paths, threads, workers, release)
+
+
+def evaluate_base_job(
+    params: dict, model_info: str, split_paths: dict[str, str], out_path: str, seed: int, plan: str | None,
+    threads: int = 1, workers: int = 1,
+) -> None:  # fmt: skip
+    """Rule evaluate_base's job: the model every run starts from (``model_info`` names its folder), as step 0,
+    with training seed ``seed``'s sampling stream, so each seed's runs are compared with the base on its samples."""
+    policy = checkpoints.model_dir(model_info)
+    items = [({"step": 0, "policy": policy, "fingerprint": checkpoints.digest(model_info)}, out_path)]
+    _evaluate(params, seed, plan, items, split_paths, threads, workers, None)
+
+
+def _evaluate(params, seed, plan, items, split_paths, threads, workers, release) -> None:
+    import torch
+
+    from calibrl.data.records import read_jsonl
+    from calibrl.tasks import Scorer
+
+    settings = EvalSettings.from_params(params["settings"]).for_seed(seed)
     torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
     splits = {name: read_jsonl(path, on_error=params["on_error"]) for name, path in split_paths.items()}
     with Scorer(workers=workers) as scorer:
-        for ckpt, out_path, step in zip(ckpts, out_paths, steps):
-            log.info("checkpoint step %d: %s", step, ckpt["policy"])
-            results = evaluate_checkpoint(settings, ckpt["policy"], splits, scorer.grades)
-            record = {"step": step, "policy": ckpt["policy"], "fingerprint": ckpt["fingerprint"]}
-            write_json(out_path, {**record, "sampling": params["settings"], "splits": results})
+        for record, out_path in items:
+            log.info("checkpoint step %d: %s", record["step"], record["policy"])
+            results = evaluate_checkpoint(settings, record["policy"], splits, scorer.grades)
+            write_json(out_path, {**record, "seed": seed, "plan": plan, "sampling": settings.to_dict(),
+                                  "splits": results})  # fmt: skip
             if release is not None:
-                release(ckpt["policy"], step)
+                release(record["policy"], record["step"])

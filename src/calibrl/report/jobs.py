@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from calibrl import analysis_plan as AP
 from calibrl.io import outputs, write_csv, write_json, write_markdown
 from calibrl.report import claims as C
 from calibrl.report import figures as F
@@ -18,15 +19,24 @@ log = logging.getLogger("calibrl.report")
 
 def toy_claims(toy_csv: str | None) -> pd.DataFrame:
     """The toy's claims (one row each, ``results/toy/claims.csv`` of rule toy_verdicts), if given."""
-    return pd.read_csv(toy_csv) if toy_csv else pd.DataFrame(columns=C.COLUMNS[:-2])
+    return pd.read_csv(toy_csv) if toy_csv else pd.DataFrame(columns=C.COLUMNS)
 
 
 def aggregate_job(
-    grid: dict, eval_paths: list[str], metric_paths: list[str], root: str, done_path: str, toy_csv: str | None = None
+    grid: dict,
+    eval_paths: list[str],
+    metric_paths: list[str],
+    root: str,
+    done_path: str,
+    toy_csv: str | None = None,
+    plan_path: str | None = None,
 ) -> None:
-    """Tables 2-5 (peak reporting) beside the paper's, the claims with intervals and verdicts (grid and toy,
-    one Holm family), the over-sharpening figures, Figure 6 and the summary, under ``root``."""
+    """Tables 2-5 (peak reporting) beside the paper's, the claims (the plan's primaries decided, the rest
+    exploratory; the toy's too), the over-sharpening figures, Figure 6 and the summary, under ``root``. Refuses
+    result files made under another analysis plan than ``plan_path``'s."""
     out = Path(root)
+    plan = AP.load(plan_path) if plan_path else None
+    AP.check_records(plan, L.plans(eval_paths))
     evals = L.load_evals(eval_paths, root)
     per_problem = L.load_per_problem(eval_paths, root)
     train = L.load_train_metrics(metric_paths, root)
@@ -36,24 +46,30 @@ def aggregate_job(
     write_csv(out / "tables" / "figure6_entropy.csv", fig6)
     checks, matched = paper.write_beside(tabs, fig6, out / "tables", grid)
 
-    claims = C.finish(pd.concat([C.grid_claims(per_problem, train, grid), toy_claims(toy_csv)], ignore_index=True))
+    claims = C.with_toy(C.grid_claims(per_problem, train, grid, plan), toy_claims(toy_csv))
     write_csv(out / "claims.csv", claims)
     for r in claims.itertuples():
         log.info("claim %s: %s (estimate %s, seeds %s)", r.claim, r.verdict, r.estimate, r.seeds)
 
     main = grid["main_model"]
-    last = int(grid.get("claims", {}).get("last_checkpoints", 2))
-    passk = sharpening.pass_at_k_curves(per_problem, main, last)
-    distinct = sharpening.distinct_over_steps(per_problem, main)
+    primaries = plan.primaries if plan else ()
+    arms = list(dict.fromkeys(a for c in primaries for a in c.arms if a != AP.BASE)) or list(grid["tables"]["table4"])
+    passk = sharpening.pass_at_k_curves(per_problem, main, [AP.BASE, *[m for m in ("grpo", "iac") if m in arms]])
+    distinct = sharpening.over_steps(per_problem, main, "distinct", [AP.BASE, *arms])
     entropy = sharpening.entropy_over_steps(train, main)
     for name, frame in (("pass_at_k", passk), ("distinct_correct", distinct), ("entropy_bands", entropy)):
         write_csv(out / "tables" / f"{name}_{main}.csv", frame)
-    sharpening.plot_bands(passk, "k", f"pass@k on the claims' checkpoints ({main}), 95% band", "pass@k (%)",
-                          out / "figures" / f"pass_at_k_{main}.png", scale=100)  # fmt: skip
+    sharpening.plot_bands(passk, "k", f"pass@k, base model and final checkpoints ({main}), 95% band over seeds",
+                          "pass@k (%)", out / "figures" / f"pass_at_k_{main}.png", scale=100)  # fmt: skip
     sharpening.plot_bands(distinct, "step", f"distinct correct answers per problem ({main}), 95% band",
                           "distinct correct answers", out / "figures" / f"distinct_correct_{main}.png")  # fmt: skip
     sharpening.plot_bands(entropy, "step", f"training entropy, 5-step mean ({main}), 95% band over seeds",
                           "entropy (nats per token)", out / "figures" / f"entropy_bands_{main}.png")  # fmt: skip
+    panels = [
+        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms)), f"{c.id}: {c.claim}", c.unit, c.scale)
+        for c in primaries
+    ]
+    sharpening.plot_panels(panels, "step (0: the base model)", out / "figures" / "primary_claims.png")
 
     F.plot_over_steps(
         fig6,

@@ -72,3 +72,8 @@ def load_train_metrics(paths: list[str | Path], root: str | Path) -> pd.DataFram
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         frames.append(pd.DataFrame(lines).assign(model=model, method=method, seed=seed))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def plans(paths: list[str | Path]) -> dict[str, str | None]:
+    """Per evaluation file, the hash of the analysis plan it was made under (None: no plan)."""
+    return {str(p): json.loads(Path(p).read_text()).get("plan") for p in paths}
