@@ -103,13 +103,13 @@ def weights(run_dir: Path, step: int) -> dict:
 
 def trainer_state(run_dir: Path, step: int) -> dict:
     state = torch.load(run_dir / "ckpt" / f"step_{step}" / "trainer_state.pt", weights_only=False)
-    state["history"] = [{k: v for k, v in row.items() if k != "seconds"} for row in state["history"]]
+    state["history"] = [{k: v for k, v in row.items() if k not in ("seconds", "time")} for row in state["history"]]
     return state
 
 
 def metrics(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "ckpt" / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # wall time differs, nothing else
+    return [{k: v for k, v in row.items() if k not in ("seconds", "time")} for row in rows]  # wall time differs
 
 
 def assert_same(a, b, where: str = "") -> None:

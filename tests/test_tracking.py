@@ -25,6 +25,7 @@ def results(tmp_path):
     grid = config["grid"]
     grid["methods"] = {m: G.method(config, m).to_dict() for m in grid["methods"]}  # compiled, as grid_mlflow's
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["seed"] = 0  # the fake runs' main seed
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": []}
     res = tmp_path / "results"
     evals, metrics = fake_run_results(res, RUNS, k=8, splits=("test", "ood"))
@@ -108,3 +109,19 @@ def test_missing_store_is_an_error_for_readers_and_created_for_the_writer(result
     with pytest.raises(StoreError, match="is a file, not a folder"):
         Store(tmp_path / "afile")
     assert sync(results)  # the writer builds a missing store from the result files
+
+
+def test_a_run_carries_the_trainings_real_start_and_end(tmp_path):
+    """The run's start and end in MLflow are the training's (from metrics.jsonl's wall clock), not the sync's;
+    a retrained run (other times) replaces the stored one."""
+    from calibrl.tracking import RunRecord
+
+    store = Store(str(tmp_path / "mlflow"))
+    record = RunRecord(key="grid/m/grpo/s0", name="grpo s0", metrics=[("x", 1.0, 1)], start_ms=1_000, end_ms=61_000)
+    run_id = store.upsert("e", record)
+    info = MlflowClient(store.uri).get_run(run_id).info
+    assert (info.start_time, info.end_time) == (1_000, 61_000)
+    assert store.upsert("e", record) == run_id  # unchanged: kept
+    later = RunRecord(key="grid/m/grpo/s0", name="grpo s0", metrics=[("x", 1.0, 1)], start_ms=5_000, end_ms=9_000)
+    new_id = store.upsert("e", later)
+    assert new_id != run_id and MlflowClient(store.uri).get_run(new_id).info.start_time == 5_000

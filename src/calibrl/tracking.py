@@ -49,6 +49,8 @@ class RunRecord:
     tags: dict = field(default_factory=dict)
     metrics: list[tuple[str, float, int]] = field(default_factory=list)  # (key, value, step)
     artifacts: list[tuple[Path, str]] = field(default_factory=list)  # (local file, artifact dir)
+    start_ms: int | None = None  # the run's real start and end (ms since the epoch), where the results know them
+    end_ms: int | None = None
 
 
 def flatten(tree: dict, prefix: str) -> dict:
@@ -131,6 +133,8 @@ class Store:
         run = self.client.get_run(run_id)
         if run.data.params != {k: str(v)[:6000] for k, v in record.params.items()}:
             return False
+        if record.start_ms is not None and (run.info.start_time, run.info.end_time) != (record.start_ms, record.end_ms):
+            return False
         if set(run.data.metrics) != set(wanted):
             return False
         for k, points in wanted.items():
@@ -153,7 +157,9 @@ class Store:
                 log.info("replacing changed MLflow run %s (%s)", run.info.run_id, record.key)
                 self.client.delete_run(run.info.run_id)
         if run_id is None:
-            run_id = self.client.create_run(exp_id, run_name=record.name, tags={KEY_TAG: record.key}).info.run_id
+            run_id = self.client.create_run(
+                exp_id, start_time=record.start_ms, run_name=record.name, tags={KEY_TAG: record.key}
+            ).info.run_id
         tags = [RunTag(k, str(v)) for k, v in {**record.tags, KEY_TAG: record.key}.items()]
         params = [Param(k, str(v)[:6000]) for k, v in record.params.items()]
         metrics = [Metric(k, float(v), _TIMESTAMP_MS, int(s)) for k, v, s in record.metrics]
@@ -164,5 +170,5 @@ class Store:
             self.client.log_batch(run_id, metrics=metrics[i : i + _BATCH])
         for path, artifact_dir in record.artifacts:
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_dir)
-        self.client.set_terminated(run_id)
+        self.client.set_terminated(run_id, end_time=record.end_ms)
         return run_id

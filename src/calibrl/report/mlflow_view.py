@@ -1,10 +1,10 @@
 """The grid's MLflow view (rule grid_mlflow), rebuilt from the result files; idempotent (runs keyed by
 ``calibrl.key``).
 
-Experiments, so that no chart mixes kinds of runs: ``{experiment}-grid`` holds one run per (model, method,
-seed), tagged ``method``/``model``/``seed``, so grouping the runs table by the ``method`` tag draws each
-method's seed mean with its band in MLflow's own charts; ``{experiment}-claims`` holds one run per claim
-(metrics estimate, ci_low, ci_high, seeds, p_holm; tag verdict) and a ``tables and figures`` run with every
+Experiments, so that no chart mixes kinds of runs: ``{experiment}-grid`` holds one run per (model, method, seed),
+tagged ``method``/``model``/``seed``, so grouping the runs table by the ``method`` tag draws each method's seed mean
+with its band in MLflow's own charts; ``{experiment}-claims`` holds one run per claim (metrics estimate, ci_low,
+ci_high, seeds, p, p_holm, p_equiv; tags role, verdict, plan_sha256) and a ``tables and figures`` run with every
 table, figure, claims.csv and the summary. The toy keeps the config's experiment (``calibrl.toy.jobs.mlflow_job``).
 
 MLflow 3's UI opens an experiment in the GenAI view unless the page's ``workflowType`` is ``machine_learning``
@@ -33,14 +33,24 @@ def experiments(experiment: str) -> dict[str, str]:
     return {"grid": f"{experiment}-grid", "claims": f"{experiment}-claims", "toy": experiment}
 
 
+def _times(tr: pd.DataFrame) -> dict:
+    """The training's real start and end (ms) from its metrics' wall clock (``time`` at each step's end, less
+    the step's ``seconds`` for the first); none where the trainer does not record it."""
+    if tr.empty or "time" not in tr or tr["time"].isna().all():
+        return {}
+    tr = tr.dropna(subset=["time"]).sort_values("step")
+    first = tr.iloc[0]
+    return {"start_ms": int((first["time"] - first.get("seconds", 0.0)) * 1000), "end_ms": int(tr["time"].max() * 1000)}
+
+
 def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path, architectures: dict) -> list:
     from calibrl.tracking import RunRecord, flatten
 
     config_params = flatten(grid, "grid")
-    skip = {"model", "method", "seed", "step", "seconds"}
+    skip = {"model", "method", "seed", "step", "seconds", "time"}
     records = []
     for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
-        m = grid["methods"][method]  # the compiled spec (calibrl.spec.MethodSpec.to_dict)
+        m = grid["methods"].get(method, {})  # the compiled spec (MethodSpec.to_dict); none for the base model
         metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
         tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
         for col in [c for c in tr.columns if c not in skip and pd.api.types.is_numeric_dtype(tr[c])]:
@@ -66,14 +76,15 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                     "part": "grid",
                     "model": model,
                     "method": method,
-                    "alpha": m["iac_alpha"],
-                    "mu": m["dlc_mu"],
+                    "alpha": m.get("iac_alpha", ""),
+                    "mu": m.get("dlc_mu", ""),
                     "seed": seed,
                     "table": ",".join(tables),
                     "trainer": grid["trainer"],
                 },
                 metrics=metrics,
                 artifacts=[(p, d) for p, d in artifacts if p.is_file()],
+                **_times(tr),
             )  # fmt: skip
         )
     return records
@@ -84,14 +95,21 @@ def _claim_records(claims: pd.DataFrame) -> list:
 
     records = []
     for i, r in enumerate(claims.itertuples()):
-        values = {"estimate": r.estimate, "ci_low": r.ci_low, "ci_high": r.ci_high, "seeds": r.seeds,
-                  "p_holm": r.p_holm}  # fmt: skip
+        values = {"estimate": r.estimate, "ci_low": r.ci_low, "ci_high": r.ci_high, "seeds": r.seeds, "p": r.p,
+                  "p_holm": r.p_holm, "p_equiv": r.p_equiv, "p_equiv_holm": r.p_equiv_holm}  # fmt: skip
         records.append(
             RunRecord(
                 key=f"claims/{r.claim}",
                 name=f"{r.verdict}: {r.claim}"[:250],
                 params={"claim": r.claim, "source": r.source, "quantity": r.quantity},
-                tags={"part": "claims", "verdict": r.verdict, "source": r.source, "order": i},
+                tags={
+                    "part": "claims",
+                    "role": r.role,
+                    "verdict": r.verdict,
+                    "source": r.source,
+                    "order": i,
+                    "plan_sha256": r.plan_sha256 if pd.notna(r.plan_sha256) else "",
+                },
                 metrics=[(k, float(v), 0) for k, v in values.items() if pd.notna(v)],
             )
         )
