@@ -72,8 +72,13 @@ def workflow_dir(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path)
 
 
-def load_config(workdir: Path) -> dict:
-    return yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+def load_config(workdir: Path, plan: bool = False) -> dict:
+    """The workflow's config/config.yaml, to change; without its analysis plan unless ``plan`` (the plan decides on
+    the embedded default's 16 seeds and data seed, which a test's smaller grid does not run)."""
+    cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    if not plan:
+        cfg["grid"]["claims"].pop("plan", None)
+    return cfg
 
 
 def filled(name_or_config, check: bool = True) -> dict:

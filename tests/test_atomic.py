@@ -35,6 +35,7 @@ RUNS = [("qwen3-tiny-m", "grpo", 0), ("qwen3-tiny-m", "iac", 0), ("qwen3-tiny-m"
 def grid_config() -> dict:
     grid = filled("config")["grid"]
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["seed"] = 0  # the fake runs' main seed
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": ["iac"], "table5": ["grpo", "iac"], "figure6": ["grpo"]}
     grid["eval"].update(n=4, k=4, max_new_tokens=6)
     return grid
@@ -126,7 +127,7 @@ def checkpoint(tmp_path_factory):
         splits[name] = str(root / f"{name}.jsonl")
         write_jsonl(splits[name], countdown.generate(name, n, seed=1))
     settings = root / "settings.json"
-    stamp = checkpoints.stamp({"run": "qwen3-tiny-m/grpo/s0"}, {})
+    stamp = checkpoints.stamp({"run": "qwen3-tiny-m/grpo/s0", "seed": 0}, {})
     settings.write_text(json.dumps(stamp))
     markers = []
     for step in (2, 4, 6):

@@ -210,7 +210,7 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
             tok,
             ckpt / f"global_step{step}_hf",
         )
-    stamp = checkpoints.stamp({"run": "m/grpo/s0"}, {})
+    stamp = checkpoints.stamp({"run": "m/grpo/s0", "seed": 0}, {})
     (tmp_path / "settings.json").write_text(json.dumps(stamp))
     (tmp_path / "ckpt" / checkpoints.STAMP).write_text(json.dumps(stamp))
     assert write_markers(ckpt, tmp_path / "ckpt", 2, 8) == [2, 4, 6, 8]

@@ -345,7 +345,7 @@ def test_every_problem_is_reported_at_once():
     cfg = copy.deepcopy(CONFIGS["embedded"])
     cfg["grid"]["trainer"] = "openrlhf"  # countdown goes with the local trainer, and tiny models with it too
     cfg["grid"]["train"]["eval_every"] = 30
-    cfg["grid"]["eval"]["k"] = 9
+    cfg["grid"]["eval"]["k"] = cfg["grid"]["eval"]["n"] + 1
     with pytest.raises(ConfigError) as info:
         validate(cfg, SCHEMA_PATH)
     keys = {key for key, _ in info.value.problems}

@@ -123,6 +123,7 @@ def grid_ui(tmp_path):
 
     grid = filled("config")["grid"]
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["seed"] = 0  # the fake runs' main seed
     grid["tables"] = {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac"], "figure6": []}
     # rule grid_mlflow's params: the methods compiled (calibrl.spec.MethodSpec.to_dict)
     grid["methods"] = {m: G.method({"grid": grid}, m).to_dict() for m in ("grpo", "iac")}

@@ -41,6 +41,7 @@ def openrlhf_events(log_dir, entropy: float, steps: int = 6) -> None:
 def test_openrlhf_event_files_flow_to_figure6_and_the_claims(tmp_path):
     grid = load_config(REPO)["grid"]
     grid["models"] = {"qwen3-tiny-m": grid["models"]["qwen3-tiny-m"]}
+    grid["seed"] = 0  # the fake runs' main seed
     grid["tables"] = {"table2_3": ["dapo"], "table4": ["dapo", "dapo_iac"], "table5": ["dapo"]}
     grid["tables"]["figure6"] = ["dapo", "dapo_iac"]
     res = tmp_path / "results"

@@ -214,5 +214,5 @@ def test_grade_objects_are_what_split_metrics_reads():
         "n_samples": 4,
         "timeouts": 1,
         "response_length": 4.5,
-        "per_problem": {"correct": [2], "distinct": [2]},  # what the claims' bootstrap resamples
+        "per_problem": {"correct": [2], "distinct": [2]},  # what the claims' per-seed quantities come from
     }

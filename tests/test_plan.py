@@ -11,11 +11,13 @@ import torch
 import yaml
 from conftest import filled
 
+from calibrl import grid as G
 from calibrl import plan as P
 from calibrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = filled("paper")
+BASES = sum(len(G.base_seeds(PAPER, m)) for m in PAPER["grid"]["models"])  # rule evaluate_base: one per seed
 
 
 def _rows(config, **overrides):
@@ -54,7 +56,7 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     assert rows["rank_train"].jobs == 1  # only qwen3-8b runs the filtering baseline
     # runs in segments of 500 (4B) / 250 steps
     assert len(trains) == 22 and rows["train"].jobs == 5 * 4 + 17 * 8
-    assert rows["evaluate"].jobs == 880  # 22 runs x 40 checkpoints
+    assert rows["evaluate"].jobs == 880 + BASES  # 22 runs x 40 checkpoints, and the base models at step 0
     # model downloads: the four checkpoints in bf16, from the configs' parameter counts
     ids = ["Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"]
     assert rows["download_model"].disk_gb == pytest.approx(sum(P.parameters(i) * 2 for i in ids) / 1e9)
@@ -125,7 +127,7 @@ def test_costs_scale_with_steps_and_samples():
         per_job = P.startup_seconds(a, model, *(["Qwen/Qwen3-1.7B"] if "dlc" in t.note else [])) / 3600
         assert t.wall_h - t.jobs * per_job == pytest.approx(2 * (b.wall_h - b.jobs * per_job))
         assert 2 * b.jobs - 1 <= t.jobs <= 2 * b.jobs  # 2000 = 13 x 150 + 50, 4000 = 26 x 150 + 100
-    assert rows["evaluate"].jobs == 2 * base["evaluate"].jobs  # twice the checkpoints at eval_every 50
+    assert rows["evaluate"].jobs - BASES == 2 * (base["evaluate"].jobs - BASES)  # twice the checkpoints
     more = copy.deepcopy(PAPER)
     more["grid"]["eval"]["n"] = 16
     rows, _ = _rows(more)
@@ -186,7 +188,7 @@ def test_the_plan_command(tmp_path, capsys):
     args = ["plan", "--configfile", str(ROOT / "config" / "paper.yaml"), "--profile", str(profile)]
     assert main([*args, "--assumptions", str(assumptions), "--assume", "gen_mfu=0.2"]) == 0
     out = capsys.readouterr().out
-    assert "evaluate" in out and "880" in out and "total" in out
+    assert "evaluate" in out and str(880 + BASES) in out and "total" in out
     assert "train_mfu = 0.5" in out and "gen_mfu = 0.2" in out
     assert "WARNING evaluate" in out and "WARNING train" not in out
     assert "NOTE models without a pinned revision" in out and "'qwen3-1.7b'" in out

@@ -28,7 +28,15 @@ LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
 OVERLAY = REPO / "tests" / "slurm_overlay.yaml"
 PROFILE = ["--profile", "slurm", "--profile", str(OVERLAY)]
 # Jobs that go through sbatch; aggregate and toy_mlflow are local rules and run in Snakemake itself.
-REMOTE_RULES = {"toy_figure": 5, "data_synthetic": 3, "toy_verdicts": 1, "warmstart": 1, "train": 1, "evaluate": 1}
+REMOTE_RULES = {
+    "toy_figure": 5,
+    "data_synthetic": 3,
+    "toy_verdicts": 1,
+    "warmstart": 1,
+    "train": 1,
+    "evaluate": 1,
+    "evaluate_base": 1,
+}
 LOCAL_RULES = {"aggregate", "toy_mlflow", "grid_mlflow", "run_settings"}
 # The profile runs every SLURM job in the cluster's GPU venv (its precommand); here that is this interpreter's.
 JOB_ENV = {**os.environ, "CALIBRL_GPU_VENV": sys.prefix}

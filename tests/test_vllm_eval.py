@@ -211,7 +211,7 @@ def test_evaluate_job_matches_the_cpu_evaluator_and_the_exact_distribution(ckpt,
     for name, rows in SPLITS.items():
         paths[name] = str(tmp_path / f"{name}.jsonl")
         write_jsonl(paths[name], rows)
-    stamp = checkpoints.stamp({"run": "bigram/grpo/s0"}, {})
+    stamp = checkpoints.stamp({"run": "bigram/grpo/s0", "seed": 0}, {})
     (tmp_path / "settings.json").write_text(json.dumps(stamp))
     marker = tmp_path / "step_50.done"
     marker.write_text(json.dumps({"step": 50, "policy": str(ckpt), "fingerprint": stamp["fingerprint"]}))

@@ -2,6 +2,7 @@
 Tables 2-5 and Figure 6 (one model plus a DLC memory), checkpoint evaluation, tables and MLflow; then what a
 rerun after a config change redoes (issue 14): exactly the jobs that read the changed setting."""
 
+import hashlib
 import json
 import re
 import subprocess
@@ -54,6 +55,9 @@ def test_micro_grid_end_to_end(finished):
             assert set(ev["splits"]) == {"test", "ood"}
             assert 0 <= ev["splits"]["test"]["avg_at_4"] <= ev["splits"]["test"]["pass_at_4"] <= 1
     assert (res / "runs" / "qwen3-tiny-m" / "grpo" / "s1" / "eval" / "step_4.json").exists()
+    for seed in (0, 1):  # the base model at step 0, with each seed's sampling stream
+        base = json.loads((res / "runs" / "qwen3-tiny-m" / "base" / f"s{seed}" / "eval" / "step_0.json").read_text())
+        assert base["step"] == 0 and base["seed"] == seed and set(base["splits"]) == {"test", "ood"}
     assert (res / "runs" / "qwen3-tiny-m" / "filter" / "s0" / "filter.json").exists()
     for table in ("table2", "table3", "table4", "table5"):
         assert (res / "tables" / f"{table}.md").read_text().startswith("### Table")
@@ -62,14 +66,20 @@ def test_micro_grid_end_to_end(finished):
     assert (res / "figures" / "figure6_entropy.png").stat().st_size > 0
     summary = (res / "summary.md").read_text()
     assert "IAC above grpo" in summary and "Seed noise" in summary
-    # every claim of Tables 2-5, Figure 6 and the toy, with its interval and verdict
+    # the plan's primary claims, then every claim of Tables 2-5, Figure 6 and the toy, each with its verdict
     claims = pd.read_csv(res / "claims.csv")
-    assert {"claim", "estimate", "ci_low", "ci_high", "seeds", "verdict"} <= set(claims.columns)
-    assert set(claims["verdict"]) <= {"holds", "contradicted", "inconclusive"}
-    assert set(claims["source"]) >= {"table2/3/5 (alpha 1 vs 0)", "table4", "table5", "figure6", "toy"}
-    grpo_iac = claims[claims["claim"] == "IAC above grpo (AVG@4, qwen3-tiny-m)"].iloc[0]
-    assert grpo_iac["seeds"] == 1 and grpo_iac["verdict"] == "inconclusive"  # one paired seed: never decided
-    assert "| claim | source | estimate | 95% CI | seeds | p (Holm) | verdict |" in summary
+    assert {"claim", "role", "estimate", "ci_low", "ci_high", "seeds", "verdict", "plan_sha256"} <= set(claims.columns)
+    assert set(claims["verdict"]) <= {"holds", "contradicted", "absent", "inconclusive"}
+    assert set(claims["source"]) >= {".test/plan.yaml", "table2/3/5 (alpha 1 vs 0)", "table4", "table5", "toy"}
+    assert (
+        claims["plan_sha256"] == hashlib.sha256((workflow_dir / ".test" / "plan.yaml").read_bytes()).hexdigest()
+    ).all()
+    primary = claims[claims["role"] == "primary"]
+    assert list(primary["claim"].str[:3]) == ["P1:", "P2:"] and (primary["seeds"] == 2).all()
+    dlc = claims[claims["claim"] == "DLC adds to DAPO+IAC (AVG@4)"]
+    assert dlc.empty or dlc.iloc[0]["verdict"] == "inconclusive"  # one paired seed: never decided
+    assert "| claim | role | estimate | 95% CI | seeds | p (Holm for primaries) | verdict |" in summary
+    assert (res / "figures" / "primary_claims.png").stat().st_size > 0
     for what in ("pass_at_k", "distinct_correct", "entropy_bands"):
         assert (res / "figures" / f"{what}_qwen3-tiny-m.png").stat().st_size > 0
     for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0/segment_2.log", "aggregate.log"):
@@ -78,14 +88,17 @@ def test_micro_grid_end_to_end(finished):
     client = MlflowClient(tracking_uri=f"sqlite:///{(res / 'mlflow' / 'mlflow.db').resolve()}")
     exp = client.get_experiment_by_name(cfg["mlflow_experiment"] + "-grid")
     grid_runs = client.search_runs([exp.experiment_id], max_results=500)
-    assert len(grid_runs) == len(runs) + 1  # every run and the extra seed, nothing else in its charts
+    assert len(grid_runs) == len(runs) + 2 + 2  # every run, the extra seeds, the base model per seed
     report = client.get_experiment_by_name(cfg["mlflow_experiment"] + "-claims")
     claim_runs = client.search_runs([report.experiment_id], filter_string="tags.part = 'claims'", max_results=500)
     assert len(claim_runs) == len(claims)
     dlc = [r for r in grid_runs if r.data.tags.get("method") == "dapo_iac_dlc"][0]
     assert dlc.data.params["dlc_mu"] == "0.5" and dlc.data.tags["mu"] == "0.5"
     assert len(client.get_metric_history(dlc.info.run_id, "eval/test/avg_at_4")) == 2
-    assert len(client.get_metric_history(dlc.info.run_id, "train/entropy")) == 4
+    assert len(client.get_metric_history(dlc.info.run_id, "train/reward")) == 4  # every step samples
+    lines = (res / "runs" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0" / "metrics.jsonl").read_text().splitlines()
+    trained = sum("entropy" in json.loads(line) for line in lines)  # of the trained groups: DAPO may train none
+    assert len(client.get_metric_history(dlc.info.run_id, "train/entropy")) == trained
 
     assert json.loads((res / "grid_mlflow.json").read_text())["runs"]["tables"]
     beside = (res / "tables" / "table4_vs_paper.md").read_text()
@@ -131,16 +144,16 @@ def test_unchanged_rerun_plans_nothing(finished):
     "change, expected",
     [
         # a training setting: every run's settings, training (a job per checkpoint), metrics and evaluations
-        ({"train": {"lr": 0.001}}, {"run_settings": 6, "train": 12, "train_metrics": 6, "evaluate": 12}),
-        # one method's alpha: that method's runs only (iac is in three tables, trained once)
+        ({"train": {"lr": 0.001}}, {"run_settings": 7, "train": 14, "train_metrics": 7, "evaluate": 14}),
+        # one method's alpha: that method's runs only (iac, 2 seeds, is in three tables, trained once)
         (
             {"methods": {"iac": {"estimator": "grpo", "iac_alpha": 1.5}}},
-            {"run_settings": 1, "train": 2, "train_metrics": 1, "evaluate": 2},
+            {"run_settings": 2, "train": 4, "train_metrics": 2, "evaluate": 4},
         ),
         # a longer run (CPU trainer): the new segment resumes, only the new checkpoint is evaluated
-        ({"train": {"steps": 6}}, {"train": 6, "train_metrics": 6, "evaluate": 6}),
-        # how checkpoints are evaluated: every evaluation, no training
-        ({"eval": {"temperature": 0.7}}, {"evaluate": 12}),
+        ({"train": {"steps": 6}}, {"train": 7, "train_metrics": 7, "evaluate": 7}),
+        # how checkpoints are evaluated: every evaluation (the base model's per seed too), no training
+        ({"eval": {"temperature": 0.7}}, {"evaluate": 14, "evaluate_base": 2}),
         # a table's method list (same runs): the aggregation only
         ({"tables": {"table5": ["iac", "grpo", "filter"]}}, {}),
         # how many grading workers: how fast, never what; nothing reruns
