@@ -7,5 +7,4 @@ if __name__ == "__main__":
     p = snakemake.params
     splits = dict(zip(p.split_names, snakemake.input.splits))
     jobserver.run("calibrl.evaluate:evaluate_base_job", snakemake.log[0], p.settings, snakemake.input.model, splits,
-                  snakemake.output[0], p.settings["seed"], p.settings["plan"], snakemake.threads,
-                  snakemake.resources.grading_workers)  # fmt: skip
+                  snakemake.output[0], snakemake.threads, snakemake.resources.grading_workers)  # fmt: skip

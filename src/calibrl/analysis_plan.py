@@ -79,7 +79,7 @@ def load(path: str | Path) -> Plan:
     """The plan at ``path``, validated (errors name the file and key)."""
     path = Path(path)
     if not path.is_file():
-        raise PlanError(f"grid.claims.plan: {path} does not exist")
+        raise PlanError(f"{path}: no such analysis plan file")
     raw = yaml.safe_load(path.read_text())
     where = str(path)
     seeds = tuple(int(s) for s in _need(raw, "seeds", where))

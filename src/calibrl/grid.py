@@ -150,15 +150,11 @@ def warmstart_params(config: dict, model: str) -> dict:
     }
 
 
-def analysis(config: dict) -> analysis_plan.Plan | None:
-    """The pre-registered analysis plan (``grid.claims.plan``), or None."""
-    path = config["grid"]["claims"].get("plan")
-    return analysis_plan.load(path) if path else None
-
-
 def plan_sha256(config: dict) -> str | None:
-    plan = analysis(config)
-    return plan.sha256 if plan else None
+    """The SHA-256 of the pre-registered analysis plan's file (``grid.claims.plan``; :func:`problems` validates
+    it), or None."""
+    path = config["grid"]["claims"].get("plan")
+    return analysis_plan.digest(path) if path else None
 
 
 def base_params(config: dict, seed: int) -> dict:

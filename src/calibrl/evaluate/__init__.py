@@ -105,14 +105,14 @@ def evaluate_job(
 
 
 def evaluate_base_job(
-    params: dict, model_info: str, split_paths: dict[str, str], out_path: str, seed: int, plan: str | None,
-    threads: int = 1, workers: int = 1,
-) -> None:  # fmt: skip
-    """Rule evaluate_base's job: the model every run starts from (``model_info`` names its folder), as step 0,
-    with training seed ``seed``'s sampling stream, so each seed's runs are compared with the base on its samples."""
+    params: dict, model_info: str, split_paths: dict[str, str], out_path: str, threads: int = 1, workers: int = 1
+) -> None:
+    """Rule evaluate_base's job (``params``: ``grid.base_params``): the model every run starts from (``model_info``
+    names its folder), as step 0, with training seed ``params["seed"]``'s sampling stream, so each seed's runs are
+    compared with the base on its samples."""
     policy = checkpoints.model_dir(model_info)
     items = [({"step": 0, "policy": policy, "fingerprint": checkpoints.digest(model_info)}, out_path)]
-    _evaluate(params, seed, plan, items, split_paths, threads, workers, None)
+    _evaluate(params, params["seed"], params["plan"], items, split_paths, threads, workers, None)
 
 
 def _evaluate(params, seed, plan, items, split_paths, threads, workers, release) -> None:

@@ -219,7 +219,7 @@ def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, plan: Plan | 
         frames.append(primary(plan, pp, main))
         skip = {(main, c.metric, c.arms) for c in plan.primaries}
     frames.append(exploratory(pp, train, grid, skip))
-    out = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else frames[-1]
+    out = pd.concat([f for f in frames if len(f)] or frames[-1:], ignore_index=True)
     return out.assign(plan_sha256=plan.sha256 if plan else "")[COLUMNS]
 
 
