@@ -6,4 +6,4 @@ from calibrl import jobserver
 if __name__ == "__main__":
     out = snakemake.output
     jobserver.run("calibrl.toy.jobs:figure_job", snakemake.log[0], snakemake.wildcards.figure, snakemake.params.toy,
-                  out.seeds, out.curves, out.stats, out.plot)  # fmt: skip
+                  out.seeds, out.curves, out.stats, out.plot, snakemake.threads)  # fmt: skip

@@ -18,6 +18,7 @@ rule toy_figure:
         toy=config["toy"],
     log:
         res("logs/toy/{figure}.log"),
+    threads: 1
     conda:
         "../../envs/local.yaml"
     script:

@@ -38,8 +38,14 @@ def write_trajectories(path: str | Path, traj: pd.DataFrame) -> None:
         Path(tmp).write_bytes(gzip.compress(sink.getvalue().to_pybytes(), compresslevel=1))
 
 
-def figure_job(figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_csv: str, plot_png: str) -> None:
-    """Simulate one figure and write its per-seed data, curves, statistics and plot."""
+def figure_job(
+    figure: str, cfg: dict, seeds_csv: str, curves_csv: str, stats_csv: str, plot_png: str, threads: int = 1
+) -> None:
+    """Simulate one figure and write its per-seed data, curves, statistics and plot, on ``threads`` torch threads
+    (the rule's: Snakemake runs jobs side by side, and torch's default, one per core, would contend with them)."""
+    import torch
+
+    torch.set_num_threads(max(1, int(threads)))
     total = sum(1 for _ in figure_settings(figure, cfg))
     progress = Progress(f"toy {figure}: configurations", total, log, every=2.0)
     log.info("%s: %d configurations x %d seeds x %d steps", FIGURES[figure], total, cfg["seeds"], cfg["steps"])
