@@ -44,6 +44,9 @@ PRELOAD = (  # what the CPU jobs import, heaviest first
     "calibrl.report.jobs",
     "calibrl.toy.jobs",
 )
+# Imported where installed: transformers' save_pretrained unwraps the model through accelerate, which imports
+# DeepSpeed when it is there (the cluster extras and the test venv have it): ~4 s in every job that saves a checkpoint.
+OPTIONAL = ("deepspeed",)
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -137,6 +140,9 @@ def serve(path: str, parent: int) -> None:
     """Import ``PRELOAD``, then fork a child per request until ``parent`` is gone or SIGTERM arrives."""
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in OPTIONAL:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
