@@ -1,0 +1,28 @@
+"""Snakemake's local scheduler without its job-rate limiter (the Snakefile's ``onstart``, local runs only).
+
+Snakemake 9.27.1 limits job starts to ``--max-jobs-per-timespan`` (default 100/1s) on local runs too: after every
+scheduling round, ``JobScheduler.schedule`` starts a ``threading.Timer`` that triggers another round one timespan
+later. A round started by a job's end starts a timer of its own, so the rounds per second grow with the number of
+jobs finished, and each round re-reads the input files of every ready job: 24,005 rounds for the 319 jobs of the
+embedded default with 2-step runs, 50 s of the main process's CPU against 8 s without the limiter (318 rounds, one
+per job end). On one machine nothing is submitted that a rate limit could protect, so the hook removes the limiter
+before the first round; rounds then follow job ends, as they do without a limit. Cluster runs keep it.
+"""
+
+from __future__ import annotations
+
+ATTRIBUTE = "job_rate_limiter"  # snakemake.scheduling.job_scheduler.JobScheduler.job_rate_limiter
+
+
+def unthrottle(workflow) -> None:
+    """Remove the job-rate limiter of ``workflow``'s scheduler (a ``snakemake.workflow.Workflow`` in ``onstart``)."""
+    scheduler = getattr(workflow, "scheduler", None)
+    if scheduler is None or not hasattr(scheduler, ATTRIBUTE):
+        import snakemake
+
+        raise RuntimeError(
+            f"calibrl.local_scheduling: Snakemake {snakemake.__version__} has no "
+            f"snakemake.scheduling.job_scheduler.JobScheduler.{ATTRIBUTE} on workflow.scheduler (9.27.1 has; "
+            "pyproject.toml pins it): install the pinned Snakemake, or drop the unthrottle call from the Snakefile"
+        )
+    setattr(scheduler, ATTRIBUTE, None)
