@@ -33,16 +33,17 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
-# Jobs run on this machine: a warm job server imports torch, transformers and math-verify once and forks a child per
-# job, instead of each job paying ~4 s of imports (calibrl.jobserver; SLURM and conda jobs run on their own); and
-# the scheduler runs a round per job end, not rounds that multiply under Snakemake's rate limiter
-# (calibrl.local_scheduling).
+# The scheduler runs a round per job end, not rounds that multiply under Snakemake's rate limiter
+# (calibrl.local_scheduling). Jobs run on this machine: a warm job server imports torch, transformers and math-verify
+# once and forks a child per job, instead of each job paying ~4 s of imports (calibrl.jobserver; SLURM and conda jobs
+# run on their own).
 onstart:
+    from calibrl.local_scheduling import unthrottle
+
+    unthrottle(workflow)
     if workflow.local_exec and not workflow.dryrun:
         from calibrl import jobserver
-        from calibrl.local_scheduling import unthrottle
 
-        unthrottle(workflow)
         jobserver.start()
 
 

@@ -1,12 +1,14 @@
-"""Snakemake's local scheduler without its job-rate limiter (the Snakefile's ``onstart``, local runs only).
+"""Snakemake's scheduler without its job-rate limiter (the Snakefile's ``onstart``).
 
 Snakemake 9.27.1 limits job starts to ``--max-jobs-per-timespan`` (default 100/1s) on local runs too: after every
 scheduling round, ``JobScheduler.schedule`` starts a ``threading.Timer`` that triggers another round one timespan
 later. A round started by a job's end starts a timer of its own, so the rounds per second grow with the number of
 jobs finished, and each round re-reads the input files of every ready job: 24,005 rounds for the 319 jobs of the
 embedded default with 2-step runs, 50 s of the main process's CPU against 8 s without the limiter (318 rounds, one
-per job end). On one machine nothing is submitted that a rate limit could protect, so the hook removes the limiter
-before the first round; rounds then follow job ends, as they do without a limit. Cluster runs keep it.
+per job end). On one machine nothing is submitted that a rate limit could protect; on SLURM the profile's ``jobs: 100``
+caps the jobs in flight, so the default limit (100 a second) never binds there, while its timers would run a round
+per second for every job finished so far, for days, on the login node. So the hook removes the limiter before the
+first round; rounds then follow job ends (and the executor's status checks), as they do without a limit.
 """
 
 from __future__ import annotations

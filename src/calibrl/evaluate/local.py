@@ -44,17 +44,18 @@ def evaluate_policy(
         groups, lengths = [], []
         for start in range(0, len(records), prompts_per_batch):
             chunk = records[start : start + prompts_per_batch]
-            roll = sample(
-                policy,
-                tokenizer,
-                [format_prompt(r, s.template) for r in chunk],
-                n,
-                s.max_new_tokens,
-                s.temperature,
-                s.top_p,
-                generator=generator,
-                top_k=s.top_k,
-            )
+            with torch.inference_mode():  # nothing sampled here is trained on: no autograd bookkeeping (~3% faster)
+                roll = sample(
+                    policy,
+                    tokenizer,
+                    [format_prompt(r, s.template) for r in chunk],
+                    n,
+                    s.max_new_tokens,
+                    s.temperature,
+                    s.top_p,
+                    generator=generator,
+                    top_k=s.top_k,
+                )
             grades = grade(roll.texts, [r for r in chunk for _ in range(n)])
             lengths += roll.response_mask.sum(-1).tolist()
             groups += [grades[i * n : (i + 1) * n] for i in range(len(chunk))]
