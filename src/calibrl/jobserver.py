@@ -140,9 +140,13 @@ def serve(path: str, parent: int) -> None:
     """Import ``PRELOAD``, then fork a child per request until ``parent`` is gone or SIGTERM arrives."""
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in OPTIONAL:
-        with contextlib.suppress(ImportError):
+    for name in OPTIONAL:  # a broken install costs its jobs the import again, not the server
+        try:
             importlib.import_module(name)
+        except ImportError:
+            pass
+        except Exception as err:  # e.g. DeepSpeed probing a half-installed CUDA
+            print(f"calibrl.jobserver: not preloading {name}: {err!r}", file=sys.stderr)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
