@@ -62,6 +62,17 @@ def test_with_snakemakes_limiter_the_rounds_multiply(tmp_path):
 def test_a_snakemake_without_the_attribute_is_named():
     with pytest.raises(RuntimeError, match="JobScheduler.job_rate_limiter"):
         unthrottle(SimpleNamespace(scheduler=SimpleNamespace()))
-    scheduler = SimpleNamespace(job_rate_limiter=object())
-    unthrottle(SimpleNamespace(scheduler=scheduler))
-    assert scheduler.job_rate_limiter is None
+
+
+def test_only_snakemakes_default_limit_is_removed():
+    from snakemake.settings.types import MaxJobsPerTimespan
+
+    def workflow(limit: str):
+        settings = SimpleNamespace(max_jobs_per_timespan=MaxJobsPerTimespan.parse_choice(limit))
+        return SimpleNamespace(scheduler=SimpleNamespace(job_rate_limiter=object()), scheduling_settings=settings)
+
+    default, site = workflow("100/1s"), workflow("20/1m")  # the CLI's default; a site's cap on sbatch
+    unthrottle(default)
+    unthrottle(site)
+    assert default.scheduler.job_rate_limiter is None
+    assert site.scheduler.job_rate_limiter is not None
