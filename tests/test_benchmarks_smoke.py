@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make 
         ("dlc_sampling.py", []),
         ("rollout_throughput.py", []),
         ("dag_planning.py", []),
+        ("memory_update_efficiency.py", []),
     ],
 )
 def test_benchmark_runs_and_prints_a_ratio(script, extra):

@@ -92,10 +92,14 @@ def parameters(hf_id: str) -> int:
     RMSNorms, an untied LM head where the config unties it)."""
     if hf_id not in QWEN3:
         raise ValueError(f"{hf_id}: no architecture known to the planner (calibrl.plan.QWEN3); add its config")
-    c = QWEN3[hf_id]
-    h, q, kv = c["hidden"], c["heads"] * HEAD_DIM, c["kv_heads"] * HEAD_DIM
-    layer = h * q + 2 * h * kv + q * h + 2 * HEAD_DIM + 3 * h * c["inter"] + 2 * h
-    return c["layers"] * layer + VOCAB * h * (1 if c["tied"] else 2) + h
+    return shape_parameters(QWEN3[hf_id])
+
+
+def shape_parameters(c: dict, vocab: int = VOCAB, head_dim: int = HEAD_DIM) -> int:
+    """:func:`parameters` of a ``QWEN3``-style shape (``benchmarks/`` prices its stand-ins with it)."""
+    h, q, kv = c["hidden"], c["heads"] * head_dim, c["kv_heads"] * head_dim
+    layer = h * q + 2 * h * kv + q * h + 2 * head_dim + 3 * h * c["inter"] + 2 * h
+    return c["layers"] * layer + vocab * h * (1 if c["tied"] else 2) + h
 
 
 def kv_bytes_per_token(hf_id: str) -> int:

@@ -224,11 +224,15 @@ class MemoryWorker(EngineSync):
         with torch.no_grad():
             return self._run(sequences, learn, backward=False)
 
+    def gradients(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
+        """The step's gradients, without the AdamW update (its per-token work: ``benchmarks/`` times it alone)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._run(sequences, learn, backward=True)
+
     def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """One AdamW step of cross-entropy on this rank's share of the responses (``packing.split``); returns the
         loss over all ranks' responses before the step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        value = self._run(sequences, learn, backward=True)
+        value = self.gradients(sequences, learn)
         self.optimizer.step()
         self.steps += 1
         return value
