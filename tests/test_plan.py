@@ -80,12 +80,14 @@ def test_the_paper_grid_is_planned_rule_by_rule():
     dlc = next(t for t in trains if "dapo_iac_dlc" in t.note)
     dapo = next(t for t in trains if t.note.startswith("qwen3-8b/dapo/"))
     assert dlc.wall_h > dapo.wall_h > grpo8.wall_h
-    # DLC colocated (docs/cluster.md "DLC"): 1.26x DAPO+IAC's GPU-hours (issue 26: <= 1.3x), above the 1.21x of the
-    # memory's update hidden; a slower memory update costs more, and the toy-size 0.45 would break the bar
+    # DLC colocated (docs/cluster.md "DLC"): 1.28x DAPO+IAC's GPU-hours (issue 26: <= 1.3x), above the 1.21x of the
+    # memory's update hidden; the bar holds down to an efficiency of 0.55, and the toy-size 0.45 would break it
     dapo_iac = next(t for t in trains if t.note.startswith("qwen3-8b/dapo_iac/"))
     assert 1.21 < dlc.gpu_hours / dapo_iac.gpu_hours <= 1.3
-    slow = next(t for t in P.plan(PAPER, {"memory_update_efficiency": 0.45})[1] if t.note.startswith(dlc.note[:26]))
-    assert slow.note.startswith("qwen3-8b/dapo_iac_dlc/") and slow.gpu_hours > 1.3 * dapo_iac.gpu_hours
+    for efficiency, within in ((0.55, True), (0.45, False)):
+        plan = P.plan(PAPER, {"memory_update_efficiency": efficiency})[1]
+        other = next(t for t in plan if t.note.startswith("qwen3-8b/dapo_iac_dlc/"))
+        assert (other.gpu_hours <= 1.3 * dapo_iac.gpu_hours) is within, efficiency
 
 
 def test_generation_has_a_long_tail():

@@ -62,10 +62,11 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
     "memory_flops_per_param_token": (8, "DLC memory update: 6N fwd+bwd + 2N recomputation (no old or ref forward)"),
     "memory_update_efficiency": (
-        0.94,
-        "measured: the memory update's rate per parameter-token over the policy update's, same code, Qwen3-1.7B / "
-        "Qwen3-8B shapes in bf16 at 3,067 tokens (benchmarks/memory_update_efficiency.py, 2 CPU cores; GPU to "
-        "confirm: the same command with --device cuda)",
+        0.7,
+        "estimate for an H100: the memory update's rate per parameter-token over the policy update's (same code, "
+        "Qwen3-1.7B / Qwen3-8B shapes); measured 0.94-0.96 on 2 CPU cores in bf16 (benchmarks/"
+        "memory_update_efficiency.py), an upper bound: a roofline count of the memory-bound work puts an H100 "
+        "at ~0.7 (docs/cluster.md); to replace: the same command with --device cuda",
     ),
     "decode_alone_hbm_efficiency": (
         0.5,
