@@ -14,11 +14,11 @@ weights:
   ``t(1 layer, 151,936 tokens) - t(1 layer, small vocabulary)``;
 - the model: ``layers x layer + head``.
 
-It prints the memory's update time over the policy's and the planner's ``memory_update_efficiency`` =
-(N_m / N_p) / that ratio, N the parameter counts the planner prices by (``calibrl.plan.parameters``). Left out:
-AdamW's update (per parameter, once per step; at paper scale each rank's step covers ~300k tokens) and the untied
-8B's separate input embedding (its gradient is a row scatter). CPU figures; an H100 with whole models in bf16
-would replace them: the same command with ``--device cuda`` (``docs/cluster.md``).
+It prints the memory's update time over the policy's and the efficiency (N_m / N_p) / that ratio, N the parameter
+counts the planner prices by (``calibrl.plan.parameters``). Measured on an H100 (``--device cuda``) it is the
+planner's ``memory_update_efficiency``; on a CPU, where memory-bound work weighs far less, it is an upper bound
+(``docs/cluster.md``, "DLC at paper scale"). Left out: AdamW's update (per parameter, once per step; at paper scale
+each rank's step covers ~300k tokens) and the untied 8B's separate input embedding (a dense gradient, under 1%).
 """
 
 from __future__ import annotations
@@ -91,18 +91,10 @@ def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Pat
     worker = MemoryWorker(str(path), 1e-6, device=args.device, compute_dtype=args.dtype, max_tokens=len(seq))
     ids = [(seq % vocab).long()]
     worker.gradients(ids, [learn])  # warm-up: allocations, first-call dispatch
-    best = timed(lambda w=worker: _synchronized(w.gradients(ids, [learn])), repeat=args.repeat)[0]
+    best = timed(lambda w=worker: w.gradients(ids, [learn]), repeat=args.repeat)[0]  # returns a synced float
     del worker
     gc.collect()
     return best
-
-
-def _synchronized(value):
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # the gradients' kernels done before the clock stops
-    return value
 
 
 def run(args, root: Path) -> None:
@@ -129,7 +121,7 @@ def run(args, root: Path) -> None:
     print(f"{len(seq)} tokens ({args.response} learned); best of {args.repeat} after a warm-up; "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(ratio_line("memory update / policy update at equal tokens", time, f"parameters {sizes:.3f}x"))
-    print(f"memory_update_efficiency (parameters ratio / time ratio): {sizes / time:.2f}")
+    print(f"efficiency on this {args.device} (parameters ratio / time ratio): {sizes / time:.2f}")
 
 
 if __name__ == "__main__":
