@@ -227,6 +227,81 @@ def test_dr_grpo_normaliser_counts_sequences_when_rows_are_not_responses():
     assert AGGREGATIONS["seq-mean-token-sum-norm"](per_token, mask, 4, sequences=2).item() == pytest.approx(6 / 8)
 
 
+def test_dapo_reward_is_verls_signed_reward_plus_the_overlong_penalty():
+    """verl's DAPO recipe: math_dapo.compute_score gives +1 correct / -1 wrong, and the DAPO reward manager adds
+    min(-(L - (max - buffer)) / buffer * penalty_factor, 0) (max_response_length 8k, overlong_buffer.len 4k,
+    penalty_factor 1.0). A correct 7168-token answer: 1 - 0.75 = 0.25, a wrong one -1.75; a correct answer is
+    above every wrong one at any length, as in verl (on 1 / 0 the same penalty would put a correct overlong answer
+    at or below a short wrong one: twice the recipe's strength)."""
+    max_len, buffer = 8192, 4096
+    lengths = torch.tensor([1000, 4096, 7168, 8192, 1000, 7168, 8192])
+    correct = torch.tensor([True, True, True, True, False, False, False])
+    shaped = dapo.reward(correct, lengths, "signed", max_len, buffer)
+    assert shaped.tolist() == [1.0, 1.0, 0.25, 0.0, -1.0, -1.75, -2.0]
+    verl = [  # verl/workers/reward_manager/dapo.py, written out
+        (1.0 if c else -1.0) + min(-(n - (max_len - buffer)) / buffer * 1.0, 0)
+        for c, n in zip(correct.tolist(), lengths.tolist())
+    ]
+    assert shaped.tolist() == pytest.approx(verl)
+    assert float(shaped[correct].min()) > float(shaped[~correct].max())
+    # the issue's 7k example: 0.29 against -1 for a short wrong answer (verl), not 0.29 against 0
+    assert float(dapo.reward(torch.tensor([True]), torch.tensor([7000]), "signed", max_len, buffer)) == (
+        pytest.approx(1 - (7000 - 4096) / 4096)
+    )
+    binary = dapo.reward(correct, lengths, "binary", max_len, buffer)
+    assert binary.tolist() == [1.0, 1.0, 0.25, 0.0, 0.0, -0.75, -1.0]  # what the 1 / 0 reward did: 0.0 == 0.0
+    assert dapo.reward(correct, lengths, "binary", max_len, None).tolist() == correct.float().tolist()
+    assert dapo.outcome_reward(correct, "signed").tolist() == [1.0] * 4 + [-1.0] * 3
+    with pytest.raises(ValueError, match="reward must be one of"):
+        dapo.outcome_reward(correct, "ternary")
+
+
+def test_the_compiled_method_says_which_reward_it_trains_on():
+    from calibrl import config as C
+    from calibrl.spec import compile_method
+
+    train = C.filled("grid.train", {"dapo_overlong_cache": 4096, "max_new_tokens": 8192})
+    for switches, kind in (({"dapo": True}, "signed"), ({}, "binary"), ({"iac_alpha": 1.0}, "binary")):
+        spec = compile_method("m", C.filled("grid.methods.*", {"estimator": "grpo", **switches}), train)
+        assert spec.reward == kind and (spec.overlong_cache is not None) == (kind == "signed")
+
+
+def test_iac_counts_a_correct_but_penalised_response_as_a_success():
+    """DAPO's shaped rewards: a correct answer the overlong penalty put below its group's mean is still a success
+    (|S+| counts correctness), and its negative advantage is not amplified; a wrong answer above the mean is not
+    scaled."""
+    correct = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    lengths = torch.tensor([[10, 10, 8192, 10], [8192, 10, 8192, 8192]])
+    r = dapo.reward(correct, lengths, "signed", 8192, 4096)
+    assert r.tolist() == [[1.0, 1.0, 0.0, -1.0], [0.0, -1.0, -2.0, -2.0]]
+    a = ESTIMATORS["grpo"].group(r)
+    assert a[0, 2] < 0 and a[1, 1] > 0  # correct below the mean; wrong above it
+    alpha = 2.0
+    out = iac(a, alpha, correct)
+    # group 0: three successes -> (4 - 3)^2 = 1 on the two positive ones; the penalised success stays negative
+    assert torch.equal(out[0], a[0])
+    assert float(iac_factor(a, alpha, correct)[0, 0]) == 1.0
+    # group 1: one success -> (4 - 1)^2 = 9 on it alone; the wrong answer above the mean keeps its advantage
+    assert out[1, 0].item() == pytest.approx(a[1, 0].item() * 9) and out[1, 1] == a[1, 1]
+    assert torch.equal(out[1, 2:], a[1, 2:])
+    # the positive-advantage reading (Algorithm 1 line 11 taken literally) would count 2 and 2, scaling by 4
+    literal = iac(a, alpha)
+    assert literal[0, 0].item() == pytest.approx(a[0, 0].item() * 4) and literal[1, 1] != a[1, 1]
+    # through the estimator, as the trainers call it
+    assert torch.equal(advantages(r, "grpo", alpha, successes=correct), out)
+    with pytest.raises(ValueError, match="successes of shape"):
+        iac(a, alpha, correct[:, :2])
+
+
+@settings(max_examples=200, deadline=None)
+@given(binary_groups, st.sampled_from(ESTIMATORS.names()), st.floats(min_value=0.1, max_value=3.0))
+def test_with_binary_rewards_the_success_count_is_the_positive_advantages(groups, name, alpha):
+    """Binary rewards and a group baseline: counting correctness or A > 0 gives the same IAC, bit for bit (GRPO,
+    IAC and the other non-DAPO runs are unchanged by counting correctness)."""
+    r = torch.tensor(groups)
+    assert torch.equal(advantages(r, name, alpha, successes=r > 0), advantages(r, name, alpha))
+
+
 def test_dynamic_sampling_keeps_groups_with_signal():
     values = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.4]])
     assert dapo.informative_groups(values).tolist() == [False, False, True, True]

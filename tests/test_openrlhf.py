@@ -138,14 +138,18 @@ def _args(estimator: str, group: int, micro: int, tmp: Path, *, use_loss=True, o
     return args
 
 
-def _experiences(mods, args, rewards: torch.Tensor, kl_coef: float, seed: int):
-    """A maker and the ragged, shuffled micro-batches 0.11.2 builds from per-sample rollouts."""
+def _experiences(mods, args, rewards: torch.Tensor, kl_coef: float, seed: int, scores=None, responses=None):
+    """A maker and the ragged, shuffled micro-batches 0.11.2 builds from per-sample rollouts (``scores``: the reward
+    file's 0/1 correctness, default the rewards; ``responses``: response lengths, default random 1..6)."""
     from openrlhf.trainer.ppo_utils.experience import Experience
 
     rng = random.Random(seed)
     samples = []
-    for r in rewards.flatten().tolist():
+    scores = rewards if scores is None else scores
+    responses = [None] * rewards.numel() if responses is None else responses.flatten().tolist()
+    for r, score, fixed in zip(rewards.flatten().tolist(), scores.flatten().tolist(), responses):
         prompt, response = rng.randint(2, 5), rng.randint(1, 6)
+        response = response if fixed is None else fixed
         length = prompt + response
         action = torch.zeros(1, length - 1, dtype=torch.long)  # over sequences[1:], 1 on the response
         action[0, prompt - 1 :] = 1
@@ -155,7 +159,7 @@ def _experiences(mods, args, rewards: torch.Tensor, kl_coef: float, seed: int):
                 attention_mask=torch.ones(1, length, dtype=torch.long),
                 action_mask=action,
                 rewards=torch.tensor([r]),
-                scores=torch.tensor([r]),
+                scores=torch.tensor([score]),
                 response_length=torch.tensor([response]),
                 truncated=torch.tensor([False]),
                 total_length=torch.tensor([float(length)]),
@@ -219,7 +223,7 @@ def test_iac_patch_calibrates_openrlhfs_group_advantages(openrlhf_modules, monke
     ref_maker.advantage_estimator = reference
     mods.original(ref_maker, plain)
     grouped, index = _group_advantages(plain, group)
-    calibrated = iac(grouped, alpha).reshape(-1)
+    calibrated = iac(grouped, alpha, REWARDS > 0).reshape(-1)  # successes: the scores (here the 0/1 rewards)
 
     with iac_at(mods, alpha):
         patched = maker.compute_advantages_and_returns(exps)
@@ -248,6 +252,41 @@ def test_iac_patch_calibrates_openrlhfs_group_advantages(openrlhf_modules, monke
     if overlong is None:  # binary rewards: the lone success of group 0 is scaled by (G - 1)^alpha
         assert calibrated[0] == pytest.approx(grouped[0, 0] * (group - 1) ** alpha)
     assert all("iac_scale" in e.info for e in patched)
+
+
+@needs_openrlhf
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_iac_patch_counts_successes_by_the_scores_under_dapos_signed_penalised_rewards(
+    openrlhf_modules, tmp_path, alpha
+):
+    """DAPO+IAC at paper scale: the reward file's rewards are +1 / -1 and OpenRLHF adds the overlong penalty to them
+    (max_new_tokens 6, buffer 2: -1 at 6 tokens); the patch counts |S+| from the 0/1 ``scores``. Group 1 (three
+    correct) has its third correct answer at full length: reward 1 - 1 = 0.0, below the group's mean, still one of
+    its three successes (factor 1, not the 2^alpha of two positive advantages) and its advantage not amplified."""
+    mods = openrlhf_modules
+    group = REWARDS.shape[1]
+    args = _args("group_norm", group, micro=4, tmp=tmp_path, overlong=2.0)
+    lengths = torch.ones_like(REWARDS, dtype=torch.long)
+    lengths[1, 2] = 6
+    maker, exps = _experiences(mods, args, 2 * REWARDS - 1, kl_coef=0.0, seed=5, scores=REWARDS, responses=lengths)
+    plain = mods.original(copy.copy(maker), copy.deepcopy(exps))
+    grouped, _ = _group_advantages(plain, group)
+    shaped = torch.empty(REWARDS.numel())
+    shaped[torch.tensor([i for e in plain for i in e.index])] = torch.cat([e.rewards for e in plain])
+    assert shaped.view(-1, group)[1].tolist() == [1.0, 1.0, 0.0, -1.0]  # OpenRLHF's penalty on the signed reward
+    assert grouped[1, 2] < 0
+    expected = iac(grouped, alpha, REWARDS > 0)
+    assert torch.equal(expected[1], grouped[1])  # (4 - 3)^alpha = 1
+    assert not torch.allclose(iac(grouped, alpha)[1], grouped[1])  # the A > 0 reading: (4 - 2)^alpha
+    with iac_at(mods, alpha):
+        patched = maker.compute_advantages_and_returns(exps)
+    got, _ = _group_advantages(patched, group)
+    assert torch.allclose(got, expected, atol=1e-6)
+    maker, exps = _experiences(mods, args, 2 * REWARDS - 1, kl_coef=0.0, seed=5, scores=REWARDS, responses=lengths)
+    for e in exps:  # no scores: the patch refuses rather than count the shaped rewards
+        e.scores = None
+    with iac_at(mods, alpha), pytest.raises(RuntimeError, match="no scores"):
+        maker.compute_advantages_and_returns(exps)
 
 
 @needs_openrlhf
@@ -532,8 +571,15 @@ def test_command_arithmetic_and_errors(tmp_path):
 
 
 # --------------------------------------------------------------------------------------- (c) reward
-def _load_reward():
-    """The reward file as OpenRLHF loads it (utils/agent.py L200-205)."""
+def _load_reward(monkeypatch, tmp_path: Path, method: str = "grpo", workers: str | None = "0"):
+    """The reward file as OpenRLHF loads it (utils/agent.py L200-205), in a rollout actor of a paper run of
+    ``method``: the launcher's variables name the run's settings.json and the grading pool's size (None: unset)."""
+    settings = paper_settings(PAPER, G.Run("qwen3-8b", method, 0), tmp_path / method)
+    monkeypatch.setenv(hook.ENV, str(settings))
+    if workers is None:
+        monkeypatch.delenv("CALIBRL_REWARD_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("CALIBRL_REWARD_WORKERS", workers)
     spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -549,11 +595,10 @@ CASES = [
 ]
 
 
-def test_reward_function_grades_real_responses(monkeypatch):
-    reward = _load_reward()
+def test_reward_function_grades_real_responses(monkeypatch, tmp_path):
+    reward = _load_reward(monkeypatch, tmp_path, "grpo", workers="0")
     assert reward.response_text(PROMPT + "x \\boxed{1}<|im_end|>", PROMPT) == "x \\boxed{1}"
     assert reward.response_text("cut prompt" + PROMPT[-20:] + "y", PROMPT[-20:]) == "y"
-    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "0")
     results = {}
 
     def call(i, query, gold):  # OpenRLHF calls it in worker threads, one sample at a time
@@ -573,15 +618,77 @@ def test_reward_function_grades_real_responses(monkeypatch):
     assert batch["rewards"].tolist() == [w for _, _, w in CASES]
 
 
-def test_reward_function_grades_in_a_worker_pool(monkeypatch):
-    reward = _load_reward()
-    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "1")
+def test_reward_function_grades_in_a_worker_pool(monkeypatch, tmp_path):
+    reward = _load_reward(monkeypatch, tmp_path, "grpo", workers="1")
+    assert reward.RUN.workers == 1
     try:
         out = [reward.reward_func([PROMPT + q], [PROMPT], [g])["rewards"].item() for q, g, _ in CASES[:3]]
         assert out == [1.0, 1.0, 0.0]
     finally:
         if reward._grader is not None:
             reward._grader.close()
+
+
+@pytest.mark.parametrize("method", ["dapo", "dapo_iac", "dapo_iac_dlc", "grpo", "iac", "rloo"])
+def test_reward_file_gives_dapo_runs_verls_signed_rewards_and_every_run_0_1_scores(monkeypatch, tmp_path, method):
+    """The run's compiled method (settings.json) decides the reward scale: DAPO's rewards are +1 / -1 (verl's
+    math_dapo.compute_score; OpenRLHF adds the overlong penalty to them), the others' 1 / 0; ``scores`` are the 0/1
+    correctness in every run (the dynamic filter's range 0..1 and IAC's success count read them)."""
+    reward = _load_reward(monkeypatch, tmp_path, method, workers="0")
+    dapo = G.method(PAPER, method).dapo
+    assert reward.RUN.reward == ("signed" if dapo else "binary")
+    out = reward.reward_func([PROMPT + q for q, _, _ in CASES], [PROMPT] * 4, [g for _, g, _ in CASES])
+    correct = [w for _, _, w in CASES]
+    assert out["scores"].tolist() == correct == [1.0, 1.0, 0.0, 0.0]
+    assert out["rewards"].tolist() == ([2 * c - 1 for c in correct] if dapo else correct)
+    assert out["rewards"].dtype == out["scores"].dtype == torch.float32
+
+
+def test_reward_file_refuses_to_load_without_its_run(monkeypatch, tmp_path):
+    """No silent defaults: without the run's settings.json or the grading pool's size (grid.workers) the file
+    fails where OpenRLHF loads it, when the rollout actor starts, naming the variable."""
+    with pytest.raises(RuntimeError, match="CALIBRL_REWARD_WORKERS=None.*grid.workers"):
+        _load_reward(monkeypatch, tmp_path, "grpo", workers=None)
+    with pytest.raises(RuntimeError, match="CALIBRL_REWARD_WORKERS='two'"):
+        _load_reward(monkeypatch, tmp_path, "grpo", workers="two")
+    monkeypatch.delenv(hook.ENV)
+    spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
+    with pytest.raises(RuntimeError, match="CALIBRL_SETTINGS is not set"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_grid_workers_reach_the_reward_files_pool_and_rerun_nothing(monkeypatch, tmp_path):
+    """grid.workers -> the train rule's resources.grading_workers -> ``OpenRLHFBackend.train(..., workers)`` ->
+    CALIBRL_REWARD_WORKERS in the launcher's environment -> Ray's runtime env -> the reward file's pool. It is in
+    no part of settings.json (rule run_settings' params: the fingerprinted slice and the layout beside it), so a
+    changed grid.workers reruns nothing."""
+    from calibrl import offline
+    from calibrl.backends.openrlhf import BACKEND
+    from calibrl.backends.openrlhf import data as openrlhf_data
+
+    run = G.Run("qwen3-8b", "dapo_iac", 0)
+    changed = copy.deepcopy(PAPER)
+    changed["grid"]["workers"] = PAPER["grid"]["workers"] + 5
+    assert G.train_params(changed, run) == G.train_params(PAPER, run)
+    assert G.resources(changed, run) == G.resources(PAPER, run)
+
+    settings = paper_settings(PAPER, run, tmp_path)
+    seen = {}
+    monkeypatch.setattr(offline, "apply", lambda: None)
+    monkeypatch.setattr(openrlhf_data, "prepare", lambda stamp, out: None)
+    monkeypatch.setattr(subprocess, "run", lambda argv, check, env: seen.update(argv=argv, env=env))
+    monkeypatch.delenv("CALIBRL_REWARD_WORKERS", raising=False)
+    BACKEND.train(str(settings), 50, 1, 7)
+    assert seen["env"]["CALIBRL_REWARD_WORKERS"] == "7" and seen["argv"][-2:] == [str(settings), "50"]
+    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", seen["env"]["CALIBRL_REWARD_WORKERS"])  # the launcher's process
+    env = launch.runtime_env(settings)["env_vars"]
+    assert env["CALIBRL_REWARD_WORKERS"] == "7" and env[hook.ENV] == str(settings.resolve())
+    monkeypatch.setenv(hook.ENV, env[hook.ENV])  # a rollout actor's environment
+    spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.RUN == module.RunReward("signed", 7, 5.0)
+    assert module.SETTINGS_ENV == hook.ENV
 
 
 # -------------------------------------------------------------------------------------- (d) markers

@@ -15,17 +15,24 @@ REWARD = Path(calibrl.__file__).parent / "backends" / "openrlhf" / "reward.py"
 PROMPT = "<|im_start|>user\nWhat is 6 x 7?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _load_reward():
-    """The reward file as OpenRLHF loads it (a module of its own, from the file path)."""
+def _load_reward(monkeypatch, tmp_path: Path, workers: int):
+    """The reward file as OpenRLHF loads it (a module of its own, from the file path), in a rollout actor of a paper
+    GRPO run whose grid.workers is ``workers`` (the launcher's variables)."""
+    from conftest import filled, paper_settings
+
+    from calibrl import grid as G
+
+    settings = paper_settings(filled("paper"), G.Run("qwen3-8b", "grpo", 0), tmp_path)
+    monkeypatch.setenv("CALIBRL_SETTINGS", str(settings))
+    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", str(workers))
     spec = importlib.util.spec_from_file_location("reward_func_under_test", REWARD)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_concurrent_samples_are_graded_in_one_batch(monkeypatch):
-    reward = _load_reward()
-    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "2")
+def test_concurrent_samples_are_graded_in_one_batch(monkeypatch, tmp_path):
+    reward = _load_reward(monkeypatch, tmp_path, workers=2)
     n = 6
     batches: list[int] = []
     first_batch = threading.Event()
@@ -66,9 +73,8 @@ def test_concurrent_samples_are_graded_in_one_batch(monkeypatch):
         reward._grader.close()
 
 
-def test_a_grading_failure_reaches_every_waiting_caller(monkeypatch):
-    reward = _load_reward()
-    monkeypatch.setenv("CALIBRL_REWARD_WORKERS", "1")
+def test_a_grading_failure_reaches_every_waiting_caller(monkeypatch, tmp_path):
+    reward = _load_reward(monkeypatch, tmp_path, workers=1)
 
     class Broken(Grader):
         def grade(self, pairs):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from calibrl import config as C
-from calibrl.algo.advantages import whiten
+from calibrl.algo.advantages import ESTIMATORS, whiten
 from calibrl.backends.local.trainer import Trainer, cat_rollouts, mean_entropy, token_logprobs
 from calibrl.data import countdown
 from calibrl.models import build_model, build_tokenizer, load, save
@@ -65,6 +65,46 @@ def test_iac_changes_exactly_the_positive_advantages(init_dir, records, scorer, 
     n_pos = (a > 0).sum(-1, keepdim=True)
     assert torch.allclose(torch.where(a > 0, a * (4 - n_pos), a), c)
     assert torch.equal(a[a <= 0], c[a <= 0])
+
+
+def test_dapo_trains_on_verls_signed_reward_with_the_overlong_penalty(init_dir, records, tmp_path):
+    """DAPO's reward in the CPU trainer is verl's: +1 correct / -1 wrong, plus the penalty from max_new_tokens -
+    dapo_overlong_cache (6 - 4 = 2 tokens) linearly down to -1 at 6 tokens; the other methods' is 1 / 0, unshaped.
+    The dynamic filter still reads the correctness."""
+
+    def score(texts, recs):
+        return [(i % 3 == 0, None) for i in range(len(texts))]
+
+    dapo_trainer = make(Method("grpo", dapo=True), init_dir, records, score, tmp_path / "dapo")
+    grpo_trainer = make(Method("grpo"), init_dir, records, score, tmp_path / "grpo")
+    assert dapo_trainer.spec.reward == "signed" and grpo_trainer.spec.reward == "binary"
+    shaped, plain = dapo_trainer._rollout(records[:4]), grpo_trainer._rollout(records[:4])
+    assert torch.equal(shaped.rollout.sequences, plain.rollout.sequences)  # same seed, same samples
+    lengths = shaped.rollout.response_mask.sum(-1).float()
+    correct = torch.tensor([i % 3 == 0 for i in range(16)])
+    assert torch.equal(shaped.correct, correct) and torch.equal(plain.correct, correct)
+    penalty = ((2 - lengths) / 4).clamp(-1.0, 0.0)  # verl: min(-(L - (6 - 4)) / 4 * 1.0, 0)
+    assert torch.allclose(shaped.rewards, torch.where(correct, 1.0, -1.0) + penalty)
+    assert (penalty < 0).any()  # the shaping acted on these samples
+    assert torch.equal(plain.rewards, correct.float())
+    assert float(shaped.rewards[correct].min()) > float(shaped.rewards[~correct].max())
+
+
+def test_iac_in_the_trainer_counts_correct_responses_not_shaped_rewards(init_dir, records, tmp_path):
+    """DAPO+IAC: a correct response that the overlong penalty put below its group's mean is a success in |S+|
+    (and keeps its negative advantage); the count is not read off the shaped reward."""
+    alpha = 2.0
+    trainer = make(Method("grpo", dapo=True, iac_alpha=alpha), init_dir, records, lambda t, r: [(False, None)] * len(t),
+                   tmp_path)  # fmt: skip
+    batch = trainer._rollout(records[:4])
+    batch.correct = torch.tensor([1, 1, 1, 0] + [1, 0, 0, 0] * 3, dtype=torch.bool)
+    # group 0: the third correct answer at full length (1 - 1 = 0.0), below the group's mean 0.25
+    batch.rewards = torch.tensor([1.0, 1.0, 0.0, -1.0] + [1.0, -1.0, -1.0, -1.0] * 3)
+    got = trainer._advantages(batch).view(-1, 4)
+    a = ESTIMATORS["grpo"].group(batch.rewards.view(-1, 4))
+    assert a[0, 2] < 0
+    assert torch.equal(got[0], a[0])  # three successes: (4 - 3)^2 = 1; read off A > 0 it would be (4 - 2)^2 = 4
+    assert torch.allclose(got[1:, 0], a[1:, 0] * 9) and torch.equal(got[1:, 1:], a[1:, 1:])  # one success: 3^2
 
 
 def test_dapo_filter_drops_groups_of_constant_accuracy(init_dir, records, scorer, tmp_path):

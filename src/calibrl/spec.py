@@ -3,10 +3,10 @@
 A method in the config is a bundle of switches (``grid.methods.<name>``: estimator, IAC's alpha, DLC's mu,
 DAPO, the filtering share, the loss aggregation). :func:`compile_method` turns it, with ``grid.train``, into a
 :class:`MethodSpec` that holds every consequence of those switches (DAPO: no KL, clip-higher, dual clip 10,
-token-mean, overlong shaping, dynamic sampling; DLC: the memory's learning rate): the one place a switch is
-interpreted. The spec goes into the run's ``settings.json``, which both backends read; nobody re-derives a switch
-from the raw config. Defaults live in the config schema alone (``calibrl.config``): these classes take complete
-dicts.
+token-mean, a +1 / -1 reward with overlong shaping, dynamic sampling; DLC: the memory's learning rate): the one
+place a switch is interpreted. The spec goes into the run's ``settings.json``, which both backends read; nobody
+re-derives a switch from the raw config. Defaults live in the config schema alone (``calibrl.config``): these
+classes take complete dicts.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class MethodSpec:
     clip_low: float
     clip_high: float
     dual_clip: float
+    reward: str  # calibrl.algo.dapo.REWARDS: "binary" (1 correct / 0 wrong) or "signed" (DAPO: +1 / -1)
     overlong_cache: int | None  # DAPO's overlong buffer in tokens; None: no shaping
     dynamic_sampling: bool  # DAPO's filter of groups without signal
     max_gen_batches: int | None  # DAPO: generation batches per step at most (CPU trainer)
@@ -87,14 +88,16 @@ def compile_method(name: str, switches: dict, train: dict) -> MethodSpec:
         dlc_mu=mu,
         dapo=dapo,
         filter_easiest=share,
-        # DAPO (Yu et al., 2025; verl's recipe): token-mean, no KL, clip-higher, dual clip 10, overlong shaping,
-        # dynamic sampling
+        # DAPO (Yu et al., 2025; verl's recipe): token-mean, no KL, clip-higher, dual clip 10, the signed reward
+        # with overlong shaping, dynamic sampling
         loss_agg="token-mean" if dapo else loss_agg,
         kl_coef=0.0 if dapo else float(train["kl_coef"]),
         kl_estimator=kl,
         clip_low=float(train["clip_low"]),
         clip_high=float(train["dapo_clip_high"] if dapo else train["clip_high"]),
         dual_clip=float(train["dapo_dual_clip"] if dapo else train["dual_clip"]),
+        # DAPO's reward is +1 / -1 (verl's math_dapo.compute_score), the others' 1 / 0 (calibrl.algo.dapo)
+        reward="signed" if dapo else "binary",
         overlong_cache=int(train["dapo_overlong_cache"]) if dapo else None,
         dynamic_sampling=dapo,
         max_gen_batches=int(train["dapo_max_gen_batches"]) if dapo else None,

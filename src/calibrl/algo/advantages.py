@@ -114,44 +114,68 @@ def drgrpo(rewards: torch.Tensor) -> torch.Tensor:
     return mean_shifted(rewards)
 
 
-def iac_factor(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
+def iac_factor(advantages: torch.Tensor, alpha: float, successes: torch.Tensor | None = None) -> torch.Tensor:
     """The inverse-success factor (G - |S+|)^alpha of each group (Algorithm 1, lines 11-14).
 
-    ``S+ = {s : A_s > 0}`` (Algorithm 1 line 11), on the group-baseline advantages, is the one definition used
-    everywhere (toy, CPU trainer, OpenRLHF patch). Section 3.1 and line 12 call |S+| the success count: with
-    binary rewards and a group baseline the two agree in every group with both outcomes (A > 0 exactly for the
-    correct samples), and in a group without both every A is 0, so nothing is scaled under either reading. They
-    differ only for shaped rewards (DAPO's overlong penalty): a correct but overlong response below its group's
-    mean is not a positive sample, and is neither scaled nor counted, matching Section 3.1's "we only calibrate
-    the advantages of positive samples". ``0 ** 0 == 1``, so alpha = 0 gives a factor of exactly 1 everywhere.
+    ``|S+|`` is the group's success count (Section 3.1, Algorithm 1 line 12; Theorem 2.3's S+ is "the sampled
+    correct modes"): the number of ``successes`` (bool, same shape as ``advantages``: the verifiable correctness of
+    each response). Without ``successes`` it is the number of positive advantages, Algorithm 1 line 11's
+    ``S+ = {s : A_s > 0}``: with binary rewards and a group baseline the two agree in every group with both
+    outcomes (A > 0 exactly for the correct samples), and in a group without both every A is 0, so nothing is
+    scaled under either reading. They differ for shaped rewards (DAPO's overlong penalty): a correct but overlong
+    response can fall below its group's mean, and it is still a success. The trainers therefore always pass the
+    correctness (the CPU trainer its graded ``correct``, OpenRLHF's patch the reward file's 0/1 ``scores``), never
+    the reward. ``0 ** 0 == 1``, so alpha = 0 gives a factor of exactly 1 everywhere.
     """
     if alpha < 0:
         raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
     g = advantages.shape[-1]
-    n_pos = (advantages > 0).sum(dim=-1, keepdim=True).to(advantages.dtype)
+    counted = advantages > 0 if successes is None else _successes(successes, advantages)
+    n_pos = counted.sum(dim=-1, keepdim=True).to(advantages.dtype)
     return torch.pow(g - n_pos, alpha)
 
 
-def iac(advantages: torch.Tensor, alpha: float) -> torch.Tensor:
+def _successes(successes: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    if successes.shape != advantages.shape:
+        raise ValueError(f"IAC successes of shape {tuple(successes.shape)} for advantages {tuple(advantages.shape)}")
+    return successes.to(advantages.device).bool()
+
+
+def iac(advantages: torch.Tensor, alpha: float, successes: torch.Tensor | None = None) -> torch.Tensor:
     """IAC (Section 3.1, Algorithm 1 lines 11-18): ``A~(q, o+) = A(q, o+) * (G - |S+|)^alpha`` for every positive
-    advantage; negative and zero advantages unchanged. ``alpha == 0`` returns the input bit for bit."""
+    sample, negative and zero advantages unchanged. ``successes`` (bool, same shape): the correct responses, which
+    both count in ``|S+|`` (:func:`iac_factor`) and are the positive samples; a success is scaled where its
+    advantage is positive, since "we only calibrate the advantages of positive samples" and "by not amplifying
+    negative samples, we avoid collapsing on partially correct or truncated trajectories" (Section 3.1): a correct
+    response that DAPO's overlong penalty put below its group's mean counts as a success but keeps its negative
+    advantage, and a wrong one above the mean (possible only with shaped rewards) is not scaled. Without
+    ``successes``, the positive advantages (exact for binary rewards; see :func:`iac_factor`). ``alpha == 0``
+    returns the input bit for bit."""
     if alpha < 0:
         raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
     if alpha == 0:
         return advantages.clone()
-    return torch.where(advantages > 0, advantages * iac_factor(advantages, alpha), advantages)
+    positive = advantages > 0
+    if successes is not None:
+        positive = positive & _successes(successes, advantages)
+    return torch.where(positive, advantages * iac_factor(advantages, alpha, successes), advantages)
 
 
 def advantages(
-    rewards: torch.Tensor, estimator: str, iac_alpha: float = 0.0, weights: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    estimator: str,
+    iac_alpha: float = 0.0,
+    weights: torch.Tensor | None = None,
+    successes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Estimator ``estimator`` of ``rewards`` (..., groups, G) with IAC at ``iac_alpha`` (0: uncalibrated) on its
-    group advantages, before its batch transform (``weights``: see :func:`whiten`). OpenRLHF's code has the same
-    order (``calibrl.backends.openrlhf.iac``: IAC on the group advantages, then OpenRLHF whitens)."""
+    group advantages, before its batch transform (``weights``: see :func:`whiten`; ``successes``: the correctness
+    IAC counts, see :func:`iac`). OpenRLHF's code has the same order (``calibrl.backends.openrlhf.iac``: IAC on the
+    group advantages, then OpenRLHF whitens)."""
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
     est = ESTIMATORS[estimator]
-    calibrated = iac(est.group(rewards), iac_alpha)
+    calibrated = iac(est.group(rewards), iac_alpha, successes)
     if est.batch is None:
         return calibrated
     return est.batch(calibrated) if weights is None else est.batch(calibrated, weights)

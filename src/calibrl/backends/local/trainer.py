@@ -3,7 +3,7 @@
 One step (Algorithm 1), every formula from ``calibrl.algo`` and every switch from the run's ``MethodSpec``:
   1. take the next prompts; sample G responses each with the KV-cache sampler (from
      ``softmax(f_theta - mu f_phi)`` when DLC is on);
-  2. grade them (binary verifiable reward; DAPO adds its overlong shaping);
+  2. grade them (binary verifiable reward; DAPO's is +1 / -1 with its overlong shaping, as verl's recipe);
   3. DAPO's dynamic sampling (verl's recipe) drops groups of constant accuracy, samples more prompts to refill the
      batch and trims it to ``prompts_per_step`` groups;
   4. advantages of the trained batch from the method's estimator, IAC on its group advantages (Reinforce++ then
@@ -209,11 +209,10 @@ class Trainer:
         roll = self._sample(prompts, g, dlc=self.spec.uses_dlc)
         self.policy.train()
         graded = self.score(roll.texts, [p for p in prompts for _ in range(g)])
-        correct = torch.tensor([c for c, _ in graded])
-        rewards = correct.float()
-        if self.spec.overlong_cache is not None:  # DAPO's overlong shaping
-            lengths = roll.response_mask.sum(-1)
-            rewards = rewards + dapo.overlong_penalty(lengths, self.s.max_new_tokens, self.spec.overlong_cache)
+        correct = torch.tensor([c for c, _ in graded], dtype=torch.bool)
+        # 1 / 0, or DAPO's +1 / -1 with its overlong shaping (calibrl.algo.dapo, verl's recipe)
+        lengths = roll.response_mask.sum(-1)
+        rewards = dapo.reward(correct, lengths, self.spec.reward, self.s.max_new_tokens, self.spec.overlong_cache)
         return Batch(roll, rewards, correct, [c for _, c in graded], prompts)
 
     def _dapo_keep(self, batch: Batch) -> torch.Tensor:
@@ -258,12 +257,13 @@ class Trainer:
         )
 
     def _advantages(self, batch: Batch) -> torch.Tensor:
-        """(B,) advantages of the trained batch: the estimator's group baseline, IAC, then its batch transform over
-        this batch, each response weighing its token count (Reinforce++ whitens over every response token of the
-        batch, as OpenRLHF's ``reinforce_baseline``)."""
+        """(B,) advantages of the trained batch: the estimator's group baseline, IAC (its successes the correct
+        responses, not the shaped reward), then its batch transform over this batch, each response weighing its token
+        count (Reinforce++ whitens over every response token of the batch, as OpenRLHF's ``reinforce_baseline``)."""
         g = self.s.group_size
         tokens = batch.rollout.response_mask.sum(-1).view(-1, g)
-        return advantages(batch.rewards.view(-1, g), self.spec.estimator, self.spec.iac_alpha, tokens).view(-1)
+        rewards, correct = batch.rewards.view(-1, g), batch.correct.view(-1, g)
+        return advantages(rewards, self.spec.estimator, self.spec.iac_alpha, tokens, successes=correct).view(-1)
 
     def _update(self, batch: Batch) -> dict:
         """PPO on ``batch`` in ``ppo_minibatches`` AdamW updates, each on whole groups in order."""

@@ -111,6 +111,9 @@ class OpenRLHFBackend:
         argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *launch]
         # Inside the executor's job step SLURM_GPUS_ON_NODE is that step's count: the layout's GPUs per node.
         env = {**os.environ, "RAY_GPUS_PER_NODE": str(int(stamp["resources"]["gpus_per_node"]))}
+        # grid.workers (the rule's resources, no part of the run's identity): each rollout actor's grading pool
+        # (reward.py), which the launcher passes on to every Ray worker
+        env["CALIBRL_REWARD_WORKERS"] = str(int(workers))
         log.info("launching: %s", " ".join(argv))
         subprocess.run(argv, check=True, env=env)
 

@@ -117,10 +117,16 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
         argv += ["--algo.kl.use_loss", "--algo.kl.estimator", spec.kl_estimator]
     if spec.dynamic_sampling:
         # DAPO's dynamic sampling, metric acc: keep a group iff 0 < mean score < 1 (the scores are reward.py's 0/1
-        # correctness). verl's max_num_gen_batches has no OpenRLHF counterpart: it refills until the data run out.
+        # correctness, whatever the rewards' scale). verl's max_num_gen_batches has no OpenRLHF counterpart: it
+        # refills until the data run out.
         argv += ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.0", "1.0"]
     if spec.overlong_cache is not None:
-        argv += ["--reward.overlong_buffer_len", str(spec.overlong_cache), "--reward.overlong_penalty_factor", "1.0"]
+        from calibrl.algo.dapo import PENALTY_FACTOR  # torch: only where a DAPO command is built
+
+        # OpenRLHF adds the penalty to reward.py's rewards, DAPO's +1 / -1 (spec.reward), as verl's DAPO reward
+        # manager adds it to math_dapo's score; the scores stay 0/1
+        argv += ["--reward.overlong_buffer_len", str(spec.overlong_cache)]
+        argv += ["--reward.overlong_penalty_factor", fmt(PENALTY_FACTOR)]
     if spec.dlc_importance == "truncated":
         # DLC samples from softmax(f_theta - mu f_phi), not pi_theta; "truncated": clamp(pi_theta_old / pi_sample,
         # 0.5, 5) per token (calibrl.algo.dlc.importance_weights, as the CPU trainer), OpenRLHF's token/clip IS

@@ -15,7 +15,9 @@ pass-through that a context variable can hook. With alpha > 0 the wrapper
    cut to one column so the token loops cost nothing), recording the group advantages that reach
    ``compute_reward``: exactly OpenRLHF's, with its length penalties and baselines;
 2. regroups them into (P, G) by ``experience.index`` and calibrates them with ``calibrl.algo.advantages.iac``, the
-   function the toy and the CPU trainer use;
+   function the toy and the CPU trainer use, counting as successes the samples whose ``experience.scores`` (the
+   reward file's 0/1 correctness) are 1, not the rewards: DAPO's are +1 / -1 plus the overlong penalty, and a
+   correct but overlong sample can fall below its group's mean;
 3. runs the original method on the real experiences, swapping each experience's group advantages for the
    calibrated ones as they reach ``compute_reward`` (after checking they are the ones recorded).
 
@@ -137,8 +139,26 @@ def _scratch(experience):
     return c
 
 
+def _successes(experiences: list):
+    """Each sample's correctness (bool tensor), in the experiences' order: its ``scores`` (reward.py's 0/1), never its
+    reward."""
+    import torch
+
+    missing = [i for i, e in enumerate(experiences) if getattr(e, "scores", None) is None]
+    if missing:
+        raise RuntimeError(
+            f"experiences {missing[:5]} have no scores: IAC counts successes by the reward file's 0/1 correctness "
+            "(reward.py's scores), not by the shaped rewards; IAC is not applied"
+        )
+    scores = torch.cat([e.scores.detach().reshape(-1).float().cpu() for e in experiences])
+    if not bool(((scores == 0) | (scores == 1)).all()):
+        raise RuntimeError(f"scores must be 0/1 correctness for IAC's success count, got {scores.unique().tolist()}")
+    return scores > 0
+
+
 def _calibrate(seen: list, experiences: list, group: int, alpha: float) -> list:
-    """IAC on the recorded group advantages: (P, G) by ``experience.index`` as L250-256, then back."""
+    """IAC on the recorded group advantages: (P, G) by ``experience.index`` as L250-256, then back; the success
+    count from the samples' 0/1 ``scores``."""
     import torch
 
     from calibrl.algo.advantages import iac
@@ -155,7 +175,13 @@ def _calibrate(seen: list, experiences: list, group: int, alpha: float) -> list:
     flat = torch.cat(seen)
     grouped = torch.empty_like(flat)
     grouped[index] = flat
-    calibrated = iac(grouped.view(-1, group), alpha).reshape(-1)[index]
+    scored = _successes(experiences)
+    if len(scored) != len(index):
+        raise RuntimeError(f"{len(scored)} scores for {len(index)} samples; IAC is not applied")
+    correct = torch.empty(len(index), dtype=torch.bool)
+    correct[index] = scored
+    successes = correct.view(-1, group).to(grouped.device)
+    calibrated = iac(grouped.view(-1, group), alpha, successes).reshape(-1)[index]
     return list(calibrated.split(sizes))
 
 
