@@ -3,6 +3,7 @@
 #
 #   scripts/cluster_env.sh build    check, then create $CALIBRL_GPU_VENV and install everything (login node, no GPU)
 #   scripts/cluster_env.sh check    resolve the pinned stack + this package against the index, install nothing
+#   scripts/cluster_env.sh python   the Python build and check would use, and its version (exit 3 if none fits)
 #   scripts/cluster_env.sh post     the steps after the one pip pass, in the python on PATH (also the conda
 #                                   post-deploy of envs/cluster-*.yaml): flash-attn wheel, OpenRLHF, checks
 #   scripts/cluster_env.sh wheel-name [TORCH CUDA ABI PYTAG [PLATFORM]]
@@ -29,16 +30,26 @@
 # puts it into the cache and installs it; then run `build` (or `post`) again. Before stopping, `post` downloads
 # flash-attn's sdist into the cache, so that the build job needs no index.
 #
-# `check` runs the resolution a `build` would do, for the cluster (CPython 3.11, manylinux_2_28 x86_64, PyPI's
-# torch, i.e. the CUDA build), and compares the OpenRLHF block of envs/cluster-gpu.txt with the Requires-Dist
-# of the openrlhf==0.11.2 wheel. With uv (UV, or `uv` on PATH) the target platform is explicit and the run
-# takes seconds; with pip (`pip install --dry-run --report`, minutes) it is this machine's interpreter, which
-# must then be CPython 3.11 on Linux x86_64. The pinned set is written to $CHECK_OUT/cluster-gpu.lock.txt.
+# Python: before anything else, `build` and `check` find a CPython 3.11 or 3.12 and ask it its version: CALIBRL_PYTHON
+# or PYTHON if set (only that one), else the first of python3.12, python3.11, python3.10, python3 on PATH that fits;
+# every later step (the checks, the resolution, the venv) runs in it or in the venv made with it. None fits: exit 3,
+# naming the versions seen and how to get one (module load, uv python install, the distribution's package). Why
+# not 3.10: snakemake 9.27.1 and snakemake-executor-plugin-slurm-jobstep, which run every SLURM job in the venv
+# (`python -m snakemake`), and this package require >= 3.11 (the GPU stack alone, torch 2.13.0, vLLM 0.29.0,
+# OpenRLHF 0.11.2, Ray 2.55.0, transformers 5.15.0, has cp310 wheels). Why not 3.13+: OpenRLHF 0.11.2 publishes
+# wheels for CPython 3.10-3.12 only, and no sdist.
+#
+# `check` runs the resolution a `build` would do, for the cluster (that Python's version, manylinux_2_28 x86_64,
+# PyPI's torch, i.e. the CUDA build), and compares the OpenRLHF block of envs/cluster-gpu.txt with the
+# Requires-Dist of the openrlhf==0.11.2 wheel. With uv (UV, or `uv` on PATH) the target platform is explicit and
+# the run takes seconds; with pip (`pip install --dry-run --report`, minutes) it is the found interpreter's, which
+# must then run on Linux x86_64. The pinned set is written to $CHECK_OUT/cluster-gpu.lock.txt.
 #
 # Environment (all optional):
 #   CALIBRL_GPU_VENV    the venv                                             [<repo>/.venv-gpu]
 #   CALIBRL_GPU_REQUIREMENTS  the requirements file                          [<repo>/envs/cluster-gpu.txt]
-#   PYTHON              python 3.11 that creates the venv                    [python3.11]
+#   CALIBRL_PYTHON, PYTHON  the CPython 3.11 or 3.12 (name or path) for the venv and the checks
+#                       [the first that fits of python3.12, python3.11, python3.10, python3 on PATH]
 #   INDEX_URL           package index                                        [https://pypi.org/simple]
 #   UV                  uv binary for `check`                                [uv on PATH, else pip]
 #   CHECK_OUT           where `check` writes its lock file                   [a temporary folder]
@@ -60,13 +71,93 @@ die() {
     exit 1
 }
 
+# ------------------------------------------------------------------------------------------------ python
+# PY: the interpreter of every step, PY_VERSION its X.Y as it reports it; found before anything else (find_python).
+PY=
+PY_VERSION=
+
+python_version() {  # X.Y of an interpreter, as it reports itself (any Python answers -V; Python 2 on stderr)
+    local out
+    out=$("$1" -V 2>&1 < /dev/null) || return 1
+    sed -n 's/^Python \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1.\2/p' <<< "$out" | head -n 1
+}
+
+python_fits() {  # python_fits X.Y: nothing if the GPU venv can be made with it, else why not
+    local major=${1%%.*} minor=${1#*.}
+    if ! [[ $1 =~ ^[0-9]+\.[0-9]+$ ]]; then
+        echo "version ${1:-unknown}"
+    elif [ "$major" != 3 ]; then
+        echo "$1: not Python 3"
+    elif [ "$minor" -lt 10 ]; then
+        echo "$1, below 3.10, which every package of the stack needs"
+    elif [ "$minor" -eq 10 ]; then
+        echo "3.10: snakemake 9.27.1 and snakemake-executor-plugin-slurm-jobstep (every SLURM job runs in the venv) and this package require >= 3.11"
+    elif [ "$minor" -gt 12 ]; then
+        echo "$1: OpenRLHF 0.11.2 publishes wheels for CPython 3.10-3.12 only"
+    fi
+}
+
+find_python() {  # sets PY and PY_VERSION, or exits 3 naming what it saw and how to get a Python that fits
+    local explicit=${CALIBRL_PYTHON:-${PYTHON:-}} from="" name path version why
+    local candidates=(python3.12 python3.11 python3.10 python3) seen=()
+    if [ -n "$explicit" ]; then
+        from=PYTHON
+        [ -n "${CALIBRL_PYTHON:-}" ] && from=CALIBRL_PYTHON
+        candidates=("$explicit")
+    fi
+    for name in "${candidates[@]}"; do
+        if ! path=$(command -v "$name"); then
+            [ -z "$explicit" ] || seen+=("$from=$name: not found")
+            continue
+        fi
+        version=$(python_version "$path") || version=""
+        why=$(python_fits "$version")
+        if [ -z "$why" ] && ! "$path" -c 'import sys; sys.exit(sys.implementation.name != "cpython")' 2> /dev/null; then
+            why="$version, not CPython (the stack's wheels are CPython's)"
+        fi
+        if [ -z "$why" ]; then
+            PY=$path PY_VERSION=$version
+            echo "cluster_env.sh: Python $PY_VERSION at $PY${from:+ ($from)}" >&2
+            return
+        fi
+        seen+=("$path: $why")
+    done
+    [ ${#seen[@]} -gt 0 ] || seen=("no python3.12, python3.11, python3.10 or python3 on PATH")
+    {
+        echo "cluster_env.sh: no CPython 3.11 or 3.12${from:+ in $from}, which the jobs' venv and these checks need. Seen:"
+        printf '    %s\n' "${seen[@]}"
+        cat << 'EOF'
+Get a CPython 3.11 (or 3.12), then run this again (PYTHON=/path/to/python3.11 where it is not on PATH):
+    module load python/3.11                      an HPC site's module (`module avail python` lists them)
+    uv python install 3.11                       uv's own build, no root; then PYTHON=$(uv python find 3.11)
+    dnf install python3.11 python3.11-pip        RHEL, Rocky, Alma 8.8+ and 9.2+
+    apt install python3.11 python3.11-venv       Debian, Ubuntu (22.04: universe)
+Not 3.10: snakemake 9.27.1 and snakemake-executor-plugin-slurm-jobstep, which run every SLURM job in the venv,
+and this package require >= 3.11 (torch 2.13.0, vLLM 0.29.0, OpenRLHF 0.11.2 and Ray 2.55.0 alone would take
+3.10). Not 3.13+: OpenRLHF 0.11.2 publishes wheels for CPython 3.10-3.12 only.
+EOF
+    } >&2
+    exit 3
+}
+
+pip_python() {  # pip_python TMP: a Python PY_VERSION with pip: PY itself, else a venv made with it under TMP
+    if "$PY" -m pip --version > /dev/null 2>&1; then
+        echo "$PY"
+    elif "$PY" -c 'import venv, ensurepip' 2> /dev/null && "$PY" -m venv "$1/pyvenv" > /dev/null 2>&1; then
+        echo "$1/pyvenv/bin/python"
+    else
+        die "$PY has neither pip nor a way to make a venv (ensurepip): install its pip or venv package
+(python$PY_VERSION-pip on RHEL, python$PY_VERSION-venv on Debian/Ubuntu), or name another Python with PYTHON="
+    fi
+}
+
 # ------------------------------------------------------------------------------------------------ check
 # OpenRLHF's Requires-Dist (no extras, flash-attn left out) must be the block between the >>> / <<< lines.
 compare_with_openrlhf() {
     local tmp=$1
-    python3 -m pip download --isolated --quiet --disable-pip-version-check --no-deps --index-url "$INDEX_URL" -d "$tmp/openrlhf" "$OPENRLHF" ||
-        die "cannot download $OPENRLHF from $INDEX_URL (the check needs the network to the index)"
-    python3 - "$REQUIREMENTS" "$tmp"/openrlhf/*.whl <<'PY'
+    "$PIP_PY" -m pip download --isolated --quiet --disable-pip-version-check --no-deps --index-url "$INDEX_URL" -d "$tmp/openrlhf" "$OPENRLHF" ||
+        die "cannot download $OPENRLHF from $INDEX_URL with $PIP_PY (Python $PY_VERSION; the check needs the network to the index)"
+    "$PY" - "$REQUIREMENTS" "$tmp"/openrlhf/*.whl <<'PY'
 import re, sys, zipfile
 
 def norm(req):
@@ -92,18 +183,18 @@ resolve() {  # resolve OUT: the pinned set of envs/cluster-gpu.txt + this checko
     local out=$1 tmp=$2 uv=${UV:-$(command -v uv || true)}
     printf -- '-r %s\n-e %s\n' "$REQUIREMENTS" "$REPO" > "$tmp/in.txt"
     if [ -n "$uv" ]; then
-        echo "resolving with $("$uv" --version) for CPython 3.11 / x86_64-manylinux_2_28 against $INDEX_URL" >&2
+        echo "resolving with $("$uv" --version) for CPython $PY_VERSION / x86_64-manylinux_2_28 against $INDEX_URL" >&2
         "$uv" pip compile --quiet --no-config --no-header --no-annotate --index-url "$INDEX_URL" \
-            --python-version 3.11 --python-platform x86_64-manylinux_2_28 "$tmp/in.txt" -o "$out"
+            --python-version "$PY_VERSION" --python-platform x86_64-manylinux_2_28 "$tmp/in.txt" -o "$out"
     else
-        python3 - <<'PY' || die "without uv, the check resolves for this interpreter: it must be CPython 3.11 on Linux x86_64"
+        "$PY" - <<'PY' || die "without uv, the check resolves for $PY itself: it must run on Linux x86_64 (the nodes' platform)"
 import platform, sys
-sys.exit(not (sys.version_info[:2] == (3, 11) and sys.platform == "linux" and platform.machine() == "x86_64"))
+sys.exit(not (sys.platform == "linux" and platform.machine() == "x86_64"))
 PY
-        echo "resolving with $(python3 -m pip --version | cut -d' ' -f1-2) for this interpreter against $INDEX_URL" >&2
-        python3 -m pip install --isolated --quiet --disable-pip-version-check --dry-run --ignore-installed --index-url "$INDEX_URL" \
+        echo "resolving with $("$PIP_PY" -m pip --version | cut -d' ' -f1-2) for Python $PY_VERSION ($PY) against $INDEX_URL" >&2
+        "$PIP_PY" -m pip install --isolated --quiet --disable-pip-version-check --dry-run --ignore-installed --index-url "$INDEX_URL" \
             --report "$tmp/report.json" -r "$tmp/in.txt"
-        python3 - "$tmp/report.json" "$out" <<'PY'
+        "$PY" - "$tmp/report.json" "$out" <<'PY'
 import json, sys
 items = json.load(open(sys.argv[1]))["install"]
 pins = sorted(f"{i['metadata']['name'].lower()}=={i['metadata']['version']}" for i in items)
@@ -113,7 +204,7 @@ PY
 }
 
 summarise() {  # the pins that matter, from a lock file
-    python3 - "$1" <<'PY'
+    "$PY" - "$1" <<'PY'
 import re, sys
 pins = {}
 for line in open(sys.argv[1]):
@@ -132,12 +223,13 @@ print(f"torch is the CUDA build (nvidia-cuda-runtime {cuda}); flash-attn: {pins.
 PY
 }
 
-check() {
-    local tmp out
+check() {  # in PY (find_python first)
+    local tmp out PIP_PY
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' RETURN
     out=${CHECK_OUT:-$tmp}/cluster-gpu.lock.txt
     mkdir -p "$(dirname "$out")"
+    PIP_PY=$(pip_python "$tmp") || exit 1
     compare_with_openrlhf "$tmp"
     resolve "$out" "$tmp" || die "the pinned stack does not resolve against $INDEX_URL (see above)"
     summarise "$out"
@@ -257,9 +349,18 @@ GitHub, download it into $WHEELS; or build one: cd $REPO && sbatch scripts/build
     python -c "import flash_attn.bert_padding, openrlhf.models.actor, vllm, deepspeed, ray, calibrl; print('imports ok')"
 }
 
-build() {
+build() {  # in PY (find_python first), then in the venv made with it
+    local version why
+    if [ -x "$VENV/bin/python" ]; then  # made before: it must be a version the stack takes, too
+        version=$(python_version "$VENV/bin/python") || version=unknown
+        why=$(python_fits "${version:-unknown}")
+        [ -z "$why" ] || die "$VENV is Python ${version:-unknown} ($why): remove it (rm -rf $VENV) and run build again"
+    else
+        "$PY" -c 'import venv, ensurepip' 2> /dev/null || die "$PY cannot make a venv (no ensurepip): install
+python$PY_VERSION-venv (Debian/Ubuntu) or its pip package, or name another Python with PYTHON="
+    fi
     check
-    [ -x "$VENV/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$VENV"
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --index-url "$INDEX_URL" -r "$REQUIREMENTS" -e "$REPO"
     PATH="$VENV/bin:$PATH" post
@@ -267,11 +368,20 @@ build() {
 }
 
 case ${1:-} in
-    check | build | post) "$1" ;;
+    check | build)
+        find_python
+        "$1"
+        ;;
+    python)
+        find_python
+        echo "$PY"
+        echo "$PY_VERSION"
+        ;;
+    post) "$1" ;;
     wheel-name) flash_attn_py name "${@:2}" ;;
     find-wheel) flash_attn_py find "${@:2}" ;;
     *)
-        echo "usage: $0 build|check|post|wheel-name|find-wheel" >&2
+        echo "usage: $0 build|check|python|post|wheel-name|find-wheel" >&2
         exit 2
         ;;
 esac

@@ -81,6 +81,113 @@ def test_check_refuses_a_set_that_cannot_resolve(tmp_path):
     assert proc.returncode != 0 and "missing ['deepspeed==0.19.6']" in proc.stderr, proc.stderr[-3000:]
 
 
+# ------------------------------------------------------------------------------------------------ the Python
+# RHEL 8/9 ship python3 3.6/3.9, Ubuntu 22.04 3.10: build and check find a CPython 3.11 or 3.12 before anything else.
+def tools_without_python(tmp_path: Path, **pythons: str | Path) -> Path:
+    """A PATH folder with the system's tools and no Python but ``pythons`` (name -> a version for a shell script that
+    answers ``-V`` as that Python would and fails anything else, like a Python without pip; or a real interpreter)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in (Path("/usr/bin"), Path("/bin")):
+        for tool in folder.iterdir():
+            if not tool.name.startswith(("python", "pip", "pydoc", "uv")) and not (bin_dir / tool.name).exists():
+                (bin_dir / tool.name).symlink_to(tool)
+    for name, python in pythons.items():
+        if isinstance(python, Path):
+            (bin_dir / name).symlink_to(python)
+        else:
+            (bin_dir / name).write_text(
+                f'#!/bin/sh\ncase "$1" in -V|--version) echo "Python {python}";; '
+                f'*) echo "{bin_dir / name}: No module named pip" >&2; exit 1;; esac\n'
+            )
+            (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def no_python_env(bin_dir: Path, tmp_path: Path, **extra: str) -> dict:
+    drop = ("PYTHON", "CALIBRL_PYTHON", "UV", "VIRTUAL_ENV", "CALIBRL_GPU_VENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    empty_index = tmp_path / "index"  # a package index with nothing in it: pip fails at once, no network
+    empty_index.mkdir(exist_ok=True)
+    return {**env, "PATH": str(bin_dir), "HOME": str(tmp_path), "INDEX_URL": empty_index.as_uri(), **extra}
+
+
+REAL_PYTHON = Path(getattr(sys, "_base_executable", sys.executable))  # this CPython, outside the test venv
+REAL_NAME = f"python{sys.version_info.major}.{sys.version_info.minor}"
+INSTALL_HINTS = ("module load python/3.11", "uv python install 3.11", "dnf install python3.11", "apt install python3")
+
+
+@pytest.mark.parametrize("command", ["check", "build"])
+def test_an_old_python3_alone_is_named_with_what_to_install(tmp_path, command):
+    """Only a python3 3.9 (RHEL 9's): exit 3 before anything runs, saying what it saw and how to get 3.11, not that
+    the network failed; build makes no venv."""
+    bin_dir = tools_without_python(tmp_path, python3="3.9.18")
+    venv = tmp_path / "venv"
+    proc = run_script(SCRIPT, command, env=no_python_env(bin_dir, tmp_path, CALIBRL_GPU_VENV=str(venv)))
+    assert proc.returncode == 3, proc.stderr
+    assert "no CPython 3.11 or 3.12" in proc.stderr and f"{bin_dir / 'python3'}: 3.9, below 3.10" in proc.stderr
+    assert all(hint in proc.stderr for hint in INSTALL_HINTS), proc.stderr
+    assert not any(s in proc.stderr for s in ("cannot download", "network", "No module named")), proc.stderr
+    assert not venv.exists()
+
+
+def test_python_310_and_313_are_refused_naming_the_pins_that_need_another(tmp_path):
+    """3.10 (Ubuntu 22.04's python3): the GPU stack has cp310 wheels, snakemake 9.27.1 and the job-step plugin do
+    not (on PyPI: pip download --python-version 3.10 --only-binary=:all: finds torch 2.13.0, vllm 0.29.0, openrlhf
+    0.11.2, transformers 5.15.0, no snakemake 9.27.1); 3.13: OpenRLHF 0.11.2 has wheels for cp310-cp312 only."""
+    bin_dir = tools_without_python(tmp_path, **{"python3.10": "3.10.12", "python3": "3.13.1"})
+    proc = run_script(SCRIPT, "check", env=no_python_env(bin_dir, tmp_path))
+    assert proc.returncode == 3, proc.stderr
+    need_311 = "3.10: snakemake 9.27.1 and snakemake-executor-plugin-slurm-jobstep (every SLURM job runs in the venv)"
+    assert f"{bin_dir / 'python3.10'}: {need_311}" in proc.stderr
+    assert f"{bin_dir / 'python3'}: 3.13.1" not in proc.stderr  # X.Y, as the interpreter reported it
+    assert f"{bin_dir / 'python3'}: 3.13: OpenRLHF 0.11.2 publishes wheels for CPython 3.10-3.12 only" in proc.stderr
+
+
+@pytest.mark.skipif(sys.version_info[:2] not in ((3, 11), (3, 12)), reason="needs this CPython to be 3.11 or 3.12")
+def test_a_python_311_passes_and_every_step_of_the_check_runs_in_it(tmp_path):
+    """python3 is 3.9 (and has no pip), python3.11 a real interpreter: it is chosen, and the check's first network
+    step runs in it (fails on the empty index, naming it); build stops there too, before making its venv."""
+    bin_dir = tools_without_python(tmp_path, python3="3.9.18", **{REAL_NAME: REAL_PYTHON})
+    env = no_python_env(bin_dir, tmp_path, CALIBRL_GPU_VENV=str(tmp_path / "venv"))
+    which = run_script(SCRIPT, "python", env=env)
+    assert which.returncode == 0 and which.stdout.split() == [str(bin_dir / REAL_NAME), REAL_NAME[6:]], which.stderr
+    for command in ("check", "build"):
+        proc = run_script(SCRIPT, command, env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert f"Python {REAL_NAME[6:]} at {bin_dir / REAL_NAME}" in proc.stderr
+        assert f"cannot download openrlhf==0.11.2 from {env['INDEX_URL']}" in proc.stderr
+        assert f"(Python {REAL_NAME[6:]}; the check needs the network" in proc.stderr
+        assert "No module named" not in proc.stderr  # python3 (3.9, no pip) was never run
+        assert not (tmp_path / "venv").exists()
+
+
+def test_an_explicit_python_is_the_only_one_tried(tmp_path):
+    bin_dir = tools_without_python(tmp_path, old="3.9.18", **{REAL_NAME: REAL_PYTHON})
+    refused = run_script(SCRIPT, "check", env=no_python_env(bin_dir, tmp_path, PYTHON="old"))
+    assert refused.returncode == 3 and "no CPython 3.11 or 3.12 in PYTHON" in refused.stderr, refused.stderr
+    seen = refused.stderr.split("Seen:\n")[1].split("Get a CPython")[0].splitlines()
+    assert seen == [f"    {bin_dir / 'old'}: 3.9, below 3.10, which every package of the stack needs"], seen
+    missing = run_script(SCRIPT, "check", env=no_python_env(bin_dir, tmp_path, PYTHON="/nowhere/python3.11"))
+    assert missing.returncode == 3 and "PYTHON=/nowhere/python3.11: not found" in missing.stderr, missing.stderr
+    chosen = run_script(SCRIPT, "python", env=no_python_env(bin_dir, tmp_path, PYTHON="old", CALIBRL_PYTHON=REAL_NAME))
+    assert chosen.returncode == 0 and chosen.stdout.split()[0] == str(bin_dir / REAL_NAME), chosen.stderr
+    assert "(CALIBRL_PYTHON)" in chosen.stderr
+
+
+def test_build_refuses_a_venv_made_with_an_old_python(tmp_path):
+    """A .venv-gpu left by an earlier build with python3 3.9: build says to remove it, before the network."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    old = tools_without_python(tmp_path, python="3.9.18") / "python"
+    (venv / "bin" / "python").symlink_to(old)
+    bin_dir = tmp_path / "bin"
+    (bin_dir / REAL_NAME).symlink_to(REAL_PYTHON)
+    proc = run_script(SCRIPT, "build", env=no_python_env(bin_dir, tmp_path, CALIBRL_GPU_VENV=str(venv)))
+    assert proc.returncode == 1 and f"{venv} is Python 3.9 (3.9, below 3.10" in proc.stderr, proc.stderr
+    assert f"rm -rf {venv}" in proc.stderr and "cannot download" not in proc.stderr
+
+
 def test_conda_envs_repeat_the_venv_and_install_the_package_from_the_checkout():
     """`--sdm conda`: the same pip list, and no relative path (it would resolve against .snakemake/conda/)."""
     venv_reqs = requirement_lines(REQUIREMENTS)

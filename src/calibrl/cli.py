@@ -81,7 +81,15 @@ def _plan(args: argparse.Namespace) -> int:
     if not G.backend(config).on_gpus:
         print(f"grid.trainer {config['grid']['trainer']}: its runs take no GPUs, nothing to price")
         return 0
-    rows, trains = P.plan(config, overrides)
+    profiles = args.profile or ["slurm"]  # as `snakemake --profile slurm`, from the checkout's root
+    try:
+        profile = P.read_profile(*profiles)
+    except FileNotFoundError as err:
+        if args.profile:
+            raise ValueError(str(err)) from None
+        profile = None  # no profile here: GPUs alone decide how many jobs share a node
+    requests = P.slurm_requests(profile) if profile is not None else None
+    rows, trains = P.plan(config, overrides, requests)
     print(P.render(rows, trains, overrides, gpus=args.gpus))
     grid = config["grid"]
     unpinned = [m for m, spec in {**grid["models"], **grid["memory_models"]}.items() if not spec.get("revision")]
@@ -90,11 +98,16 @@ def _plan(args: argparse.Namespace) -> int:
             f"\nNOTE models without a pinned revision (grid.models.<name>.revision): main is resolved once and "
             f"locked in {G.models_lock(config)}: {unpinned}"
         )
-    if args.profile and Path(args.profile).is_file():
-        warnings = P.check_runtimes(rows, P.slurm_runtimes(args.profile), overrides)
-        warnings += P.check_gpus(config, P.slurm_gpus(args.profile))
-        print("\n".join(["", f"SLURM time limits ({args.profile}):", *(warnings or ["  every job fits"])]))
-    return 0
+    if profile is None:
+        print("\nNOTE no SLURM profile read (--profile): jobs per node counted by GPUs alone, no time limits checked")
+        return 0
+    names = " + ".join(map(str, profiles))
+    warnings = P.check_runtimes(rows, P.slurm_runtimes(profile), overrides)
+    warnings += P.check_gpus(config, P.slurm_gpus(profile))
+    print("\n".join(["", f"SLURM time limits ({names}):", *(warnings or ["  every job fits"])]))
+    problems = P.check_nodes(config, requests, overrides)
+    print("\n".join(["", f"SLURM requests against a node ({names}):", *(problems or ["  every job fits a node"])]))
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,7 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpus", type=int, default=8, help="GPUs you have, for the wall time on them [8]")
     plan.add_argument("--assumptions", action="append", metavar="FILE", help="YAML file of NAME: VALUE overrides")
     plan.add_argument(
-        "--profile", default="slurm/config.yaml", help="SLURM profile whose runtimes are checked (read only)"
+        "--profile",
+        action="append",
+        metavar="PROFILE",
+        help="SLURM profile (a folder with config.yaml, or the file), repeated to layer them as snakemake does "
+        "(--profile slurm --profile slurm/smoke); its CPUs and memory per rule decide how many jobs share a node, "
+        "its runtimes are checked (read only) [slurm]",
     )
     plan.set_defaults(func=_plan)
     return parser
