@@ -577,7 +577,8 @@ def test_memory_loss_packed_in_logit_chunks_equals_the_padded_cross_entropy(tmp_
     assert worker.loss(sequences, learn) == pytest.approx(value, rel=1e-5)  # gradients alone: no update
 
     # bf16 compute, fp32 master weights: the loss within bf16's precision, and a step of lr 1e-6 is kept
-    bf16 = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-6, device="cpu", compute_dtype="bfloat16")
+    bf16 = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-6, device="cpu", compute_dtype="bfloat16",
+                                     max_tokens=64)  # fmt: skip
     assert bf16.loss(sequences, learn) == pytest.approx(value, rel=2e-2)
     before = {n: p.full_tensor().clone() for n, p in bf16.model.named_parameters()}
     bf16.step(sequences, learn)
@@ -600,7 +601,8 @@ def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monk
     policy = _peaked(tok, dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=6))
     save(policy, tok, tmp_path / "policy")
     save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=7), tok, tmp_path / "m")
-    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32")
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+                                       max_tokens=64)  # fmt: skip
     g = torch.Generator().manual_seed(1)
     sequences = [torch.randint(4, 20, (n,), generator=g) for n in (9, 6)]
     learn = [torch.tensor([0] * 2 + [1] * (len(s) - 2), dtype=torch.bool) for s in sequences]
@@ -616,3 +618,85 @@ def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monk
     stats = worker.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
     assert stats["check_max_abs"] < 1e-4 and stats["check_tokens"] == 2 * 3  # tokens 2..4 of each sequence
     assert not [k for k in vars(worker) if "policy" in k]  # nothing of the policy kept between checks
+
+
+def test_memory_worker_gives_cached_gpu_memory_back_after_each_call(tmp_path, monkeypatch):
+    """The memory's ranks share their GPUs with the colocated engines: after a step, a gradients pass, a loss, a
+    weight gather and a check, the caching allocator's free blocks go back (torch.cuda.empty_cache), on CUDA
+    only. Run on CPU with empty_cache recorded and the worker's CUDA flag set; a CPU worker never calls it. The
+    run's max_tokens has no default."""
+    from calibrl.backends.openrlhf import memory_actor
+
+    tok = build_tokenizer()
+    policy = build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=8)
+    save(policy, tok, tmp_path / "policy")
+    save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=9), tok, tmp_path / "m")
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+                                       max_tokens=32)  # fmt: skip
+    sequences = [torch.tensor([1, 5, 6, 7, 8]), torch.tensor([1, 9, 10, 11])]
+    learn = [torch.tensor([0, 0, 1, 1, 1], dtype=torch.bool), torch.tensor([0, 1, 1, 1], dtype=torch.bool)]
+    worker.step(sequences, learn)
+    worker.full_weights()
+    assert not worker._empty_cache and calls == []  # CPU: nothing to give back
+
+    worker._empty_cache = True  # as on a CUDA device
+    worker.step(sequences, learn)
+    assert len(calls) == 1 and worker.steps == 2
+    worker.gradients(sequences, learn)
+    worker.loss(sequences, learn)
+    worker.full_weights()
+    assert len(calls) == 4
+    logprobs = [torch.zeros(len(s)) for s in sequences]
+    worker.check(str(tmp_path / "policy"), MU, sequences, learn, logprobs)
+    assert len(calls) == 6  # its gather of the memory's weights, then after the check's two models
+
+    with pytest.raises(TypeError, match="max_tokens"):
+        memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", start=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", max_tokens=0, start=False)
+
+
+def test_composite_settings_fail_closed_without_an_engine():
+    """DLCQwen3ForCausalLM reads the memory's path and mu from the engine's config (the hf_overrides of
+    engine_kwargs) and defaults neither: a missing key is an error naming it and engine_kwargs, and mu <= 0 is
+    refused (it would sample from the policy alone, or sharpen, while the run reports DLC)."""
+    from transformers import PretrainedConfig
+
+    from calibrl.backends.openrlhf.vllm_dlc import dlc_settings, engine_kwargs
+
+    overrides = engine_kwargs("/ckpt/memory", 0.5)["hf_overrides"]
+    assert overrides == {"architectures": ["DLCQwen3ForCausalLM"], "dlc_memory_path": "/ckpt/memory", "dlc_mu": 0.5}
+    assert dlc_settings(PretrainedConfig(**overrides)) == ("/ckpt/memory", 0.5)
+    for key in ("dlc_mu", "dlc_memory_path"):
+        config = PretrainedConfig(**{k: v for k, v in overrides.items() if k != key})
+        with pytest.raises(ValueError, match=f"no '{key}'.*engine_kwargs"):
+            dlc_settings(config)
+        with pytest.raises(ValueError, match=f"no '{key}'"):
+            dlc_settings(PretrainedConfig(**{**overrides, key: None}))
+    for mu in (0.0, -0.5, float("nan"), "half"):
+        with pytest.raises(ValueError, match="dlc_mu must be"):
+            dlc_settings(PretrainedConfig(**{**overrides, "dlc_mu": mu}))
+        with pytest.raises(ValueError, match="dlc_mu must be"):
+            engine_kwargs("/ckpt/memory", mu)
+    with pytest.raises(ValueError, match="dlc_memory_path"):
+        engine_kwargs("", 0.5)
+
+
+@pytest.mark.vllm
+def test_composite_settings_read_from_the_config_vllm_builds(tmp_path):
+    """The same through vLLM's own ModelConfig (hf_overrides applied as vLLM applies them; no engine started)."""
+    vllm_config = pytest.importorskip("vllm.config")
+    from calibrl.backends.openrlhf.vllm_dlc import dlc_settings, engine_kwargs, register
+
+    register()  # as the package's vllm.general_plugins entry point does in every engine process
+    tok = build_tokenizer()
+    save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, tmp_path / "policy")
+    overrides = engine_kwargs(str(tmp_path / "memory"), 0.5)["hf_overrides"]
+    config = vllm_config.ModelConfig(model=str(tmp_path / "policy"), dtype="float32", hf_overrides=overrides)
+    assert dlc_settings(config.hf_config) == (str(tmp_path / "memory"), 0.5)
+    del overrides["dlc_mu"]
+    config = vllm_config.ModelConfig(model=str(tmp_path / "policy"), dtype="float32", hf_overrides=overrides)
+    with pytest.raises(ValueError, match="no 'dlc_mu'"):
+        dlc_settings(config.hf_config)

@@ -139,6 +139,7 @@ class EngineSync:
                 ray.get(refs)
         if self.rank == 0:
             ray.get([e.reset_prefix_cache.remote() for e in engines])
+        self._release()
 
 
 class MemoryWorker(EngineSync):
@@ -150,16 +151,19 @@ class MemoryWorker(EngineSync):
         path: str,
         lr: float,
         *,
-        max_tokens: int = 9216,
+        max_tokens: int,
         compute_dtype: str = "bfloat16",
         device: str | None = None,
         start: bool = True,
     ):
         if not lr > 0:
             raise ValueError(f"memory_lr must be > 0, got {lr}")
+        if not max_tokens or int(max_tokens) <= 0:  # the run's max_tokens_per_gpu (layout), never a default
+            raise ValueError(f"max_tokens (the run's max_tokens_per_gpu) must be > 0, got {max_tokens!r}")
         self.path, self.lr, self.max_tokens = path, float(lr), int(max_tokens)
         self.compute_dtype = getattr(torch, compute_dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._empty_cache = self.device.type == "cuda"  # _release: CUDA's caching allocator only
         self.steps = 0
         if start:  # one rank in this process (a Ray group starts its ranks once rank 0's address is known)
             self.start(0, 1, "127.0.0.1", free_port())
@@ -190,6 +194,15 @@ class MemoryWorker(EngineSync):
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, fused=self.device.type == "cuda")
         self.pad_id = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
+
+    def _release(self) -> None:
+        """Give the caching allocator's free blocks back to the GPU (CUDA only; a no-op on CPU). The ranks share
+        their GPUs with the colocated vLLM engines, which wake up for the next generation and map their weights
+        and KV cache again: without this, the activations, logits chunks and gathered weights of a step, check or
+        broadcast (several GB per GPU at Qwen3-1.7B and 9,216 tokens) stay reserved by this process's PyTorch,
+        unused, while the engine beside it runs short."""
+        if self._empty_cache:
+            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------------------ the step
     def _reduce(self, value: float, op=dist.ReduceOp.SUM) -> float:
@@ -222,19 +235,27 @@ class MemoryWorker(EngineSync):
     def loss(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """The memory's mean cross-entropy on the ``learn`` tokens, without a step (for logging and tests)."""
         with torch.no_grad():
-            return self._run(sequences, learn, backward=False)
+            value = self._run(sequences, learn, backward=False)
+        self._release()
+        return value
 
     def gradients(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """The step's gradients, without the AdamW update (its per-token work: ``benchmarks/`` times it alone)."""
+        value = self._gradients(sequences, learn)
+        self._release()
+        return value
+
+    def _gradients(self, sequences, learn) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         return self._run(sequences, learn, backward=True)
 
     def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> float:
         """One AdamW step of cross-entropy on this rank's share of the responses (``packing.split``); returns the
         loss over all ranks' responses before the step."""
-        value = self.gradients(sequences, learn)
+        value = self._gradients(sequences, learn)
         self.optimizer.step()
         self.steps += 1
+        self._release()
         return value
 
     # ------------------------------------------------------------------------------ weights out
@@ -244,6 +265,7 @@ class MemoryWorker(EngineSync):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=options)
+        self._release()  # each weight was gathered on the GPU before its copy to CPU
         if self.rank:
             return []
         return [(f"memory.{k[len('lm.') :]}", v) for k, v in state.items()]
@@ -279,8 +301,7 @@ class MemoryWorker(EngineSync):
             return divergence(sample, recomputed, target)
         finally:
             del policy, memory
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            self._release()
 
     # ------------------------------------------------------------------------------ checkpoints
     def save(self, directory: str) -> str:

@@ -13,7 +13,8 @@ Selecting it (``engine_kwargs``): the engine's ``model`` is the policy checkpoin
 is registered in every vLLM process through the package's ``vllm.general_plugins`` entry point (``register``):
 the engine's worker is a fresh process, where a registration made in the driver would not exist. The memory's
 weights are read from ``dlc_memory_path`` when the policy's are loaded; any two Qwen3 sizes work (they share
-the vocabulary, which is checked; widths, depths, heads and head sizes may differ).
+the vocabulary, which is checked; widths, depths, heads and head sizes may differ). Both keys are required and
+mu must be > 0 (``dlc_settings``): the model fails at start-up rather than default either.
 
 Weight updates. ``load_weights`` routes names that start with ``memory.`` to the memory and all others to
 the policy, so OpenRLHF's own policy broadcast (``WorkerWrap.update_weight`` -> ``load_weights``, names as
@@ -68,9 +69,43 @@ def register() -> None:
 
 def engine_kwargs(memory_path: str, mu: float) -> dict:
     """The extra ``LLM``/``EngineArgs`` arguments that turn an engine of the policy into the composite."""
-    if not mu >= 0:
-        raise ValueError(f"DLC mu must be >= 0 (Section 3.2), got {mu}")
-    return {"hf_overrides": {"architectures": [ARCH], "dlc_memory_path": str(memory_path), "dlc_mu": float(mu)}}
+    if not memory_path:
+        raise ValueError(f"{ARCH}: a memory checkpoint (dlc_memory_path) is needed, got {memory_path!r}")
+    return {"hf_overrides": {"architectures": [ARCH], "dlc_memory_path": str(memory_path), "dlc_mu": _mu(mu)}}
+
+
+def _mu(value, where: str = "engine_kwargs") -> float:
+    """mu as a float > 0: the composite exists only for a DLC run (mu = 0 is the policy's own engine)."""
+    try:
+        mu = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{ARCH}: dlc_mu must be a number > 0 (Section 3.2), got {value!r} ({where})") from None
+    if not mu > 0:  # also refuses NaN
+        raise ValueError(
+            f"{ARCH}: dlc_mu must be > 0 (Section 3.2), got {mu} ({where}); a run without DLC uses the policy's "
+            "own engine, not the composite"
+        )
+    return mu
+
+
+_MISSING = object()
+
+
+def dlc_settings(config) -> tuple[str, float]:
+    """``(memory_path, mu)`` of the composite, read from the engine's Hugging Face config, where vLLM puts the
+    ``hf_overrides`` of :func:`engine_kwargs`. Fails closed: a missing key is an error naming it, never a default
+    (a missing ``dlc_mu`` read as 0 would sample from the policy alone while the run reports DLC)."""
+    source = "set by hf_overrides from calibrl.backends.openrlhf.vllm_dlc.engine_kwargs(memory_path, mu)"
+    values = {}
+    for key in ("dlc_memory_path", "dlc_mu"):
+        value = getattr(config, key, _MISSING)
+        if value is _MISSING or value is None or value == "":
+            raise ValueError(
+                f"{ARCH}: the engine's model config has no {key!r}; it must be {source} "
+                f"(OpenRLHF: calibrl.backends.openrlhf.dlc.patch_engines), not left to a default"
+            )
+        values[key] = value
+    return str(values["dlc_memory_path"]), _mu(values["dlc_mu"], "the engine's hf_overrides")
 
 
 def _is_cpu() -> bool:
@@ -89,12 +124,7 @@ class DLCQwen3ForCausalLM(torch.nn.Module):
         from vllm.model_executor.models.utils import maybe_prefix
 
         config = vllm_config.model_config.hf_config
-        self.memory_path = getattr(config, "dlc_memory_path", None)
-        if not self.memory_path:
-            raise ValueError(f"{ARCH} needs hf_overrides dlc_memory_path (the memory checkpoint directory)")
-        self.mu = float(getattr(config, "dlc_mu", 0.0))
-        if not self.mu >= 0:
-            raise ValueError(f"dlc_mu must be >= 0 (Section 3.2), got {self.mu}")
+        self.memory_path, self.mu = dlc_settings(config)
         memory_config = AutoConfig.from_pretrained(self.memory_path)
         if memory_config.vocab_size != config.vocab_size:
             raise ValueError(
@@ -230,7 +260,7 @@ def update(model: DLCQwen3ForCausalLM, weights=None, mu=None, stacks: str | None
         model.stacks = stacks
     if weights:
         model.load_weights(weights)
-    if mu is not None:
+    if mu is not None:  # set explicitly at run time (tests: mu = 0 checks the policy alone on the same engine)
         if not mu >= 0:
             raise ValueError(f"DLC mu must be >= 0, got {mu}")
         model.mu = float(mu)
