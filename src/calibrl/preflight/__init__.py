@@ -6,10 +6,16 @@ evaluator's one node with its engines' GPUs), on the GPU partition, in the jobs'
 It runs every check of :data:`CHECKS` that the shape's jobs need (``checks``), reports each as pass, fail or
 waived with what it saw, and fails the job, naming each cause and fix, if any check not in
 ``grid.preflight.waive`` failed; its output ``preflight/<shape>.json`` is written only when all passed.
+
+Its params (:func:`params`) are what those checks read, derived from the grid: the vLLM engines to start
+(:func:`engines`: the evaluator's for evaluation shapes; for training shapes OpenRLHF's rollout engine as each kind
+of run's layout makes it, ``calibrl.backends.openrlhf.layout``), the nodes and GPUs the Ray check spans, the models,
+the results folder and the planner's disk estimate.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import traceback
@@ -18,10 +24,14 @@ from pathlib import Path
 from calibrl import evaluate, offline
 from calibrl import grid as G
 from calibrl import plan as P
+from calibrl.backends.openrlhf import dlc as _dlc
+from calibrl.backends.openrlhf import layout as L
 from calibrl.io import write_json
 from calibrl.preflight import checks as C
 
 log = logging.getLogger("calibrl.preflight")
+WORKER_WRAP = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"  # create_vllm_engines' worker_extension_cls
+DLC_MODULE = _dlc.__name__  # dlc.patch_engines: f"{__name__}.DLCWorkerWrap"
 
 # name: (check, the jobs that need it: "train" for training layouts, "engines" for evaluation and ranking)
 CHECKS = {
@@ -63,12 +73,11 @@ def shapes(config: dict) -> dict[str, dict]:
 
 
 def params(config: dict, shape: str) -> dict:
-    """What the preflight job of ``shape`` reads: its request, its checks, the models, the engine to start, the
-    results folder and the planner's disk estimate."""
+    """What the preflight job of ``shape`` reads: its request, its checks, the models, the vLLM engines to start
+    (:func:`engines`), the results folder and the planner's disk estimate."""
     grid = config["grid"]
     entry = shapes(config)[shape]
     models = [G.download_params(config, m) for m in G.run_models(config)]
-    smallest = min(models, key=lambda m: P.parameters(m["hf_id"]))
     return {
         "shape": shape,
         "nodes": int(entry["nodes"]),
@@ -76,15 +85,81 @@ def params(config: dict, shape: str) -> dict:
         "checks": [name for name, (_, jobs) in CHECKS.items() if jobs & entry["jobs"]],
         "waive": list(grid["preflight"]["waive"]),
         "models": models,
-        "engine": {
-            "model": smallest["path"],
-            "dtype": grid["eval"]["dtype"],
-            "enforce_eager": grid["eval"]["enforce_eager"],
-            "max_model_len": 512,
-        },
+        "engines": engines(config, shape),
         "results": str(Path(config["results"]).resolve()),
         "disk_gb": round(P.totals(*P.plan(config))["disk_gb"], 1),
     }
+
+
+def engines(config: dict, shape: str) -> list[dict]:
+    """The vLLM engines the ``vllm`` check of ``shape`` starts: the evaluator's where evaluation or ranking jobs use
+    the shape, and :func:`training_engines` where training jobs do."""
+    entry = shapes(config)[shape]
+    out = [evaluator_engine(config)] if "engines" in entry["jobs"] else []
+    return out + (training_engines(config, shape) if "train" in entry["jobs"] else [])
+
+
+def evaluator_engine(config: dict) -> dict:
+    """The evaluator's engine (``calibrl.evaluate.vllm.engine_kwargs``) on the smallest model of the grid (it starts
+    fastest), with the evaluation's dtype, eagerness and tensor-parallel size."""
+    ev = config["grid"]["eval"]
+    smallest = min(G.run_models(config), key=lambda m: P.parameters(G.download_params(config, m)["hf_id"]))
+    return {
+        "role": "evaluation",
+        "model": G.model_path(config, smallest),
+        "dtype": ev["dtype"],
+        "enforce_eager": ev["enforce_eager"],
+        "tensor_parallel_size": int(ev["tensor_parallel_size"]),
+        "max_model_len": 512,
+    }
+
+
+def training_engines(config: dict, shape: str) -> list[dict]:
+    """The rollout engines of the training runs of ``shape``, started by the ``vllm`` check as OpenRLHF starts
+    them (``engine_probe``): one per kind (tensor-parallel size, sleep mode, DLC's memory and mu), each on the
+    smallest policy among the runs of that kind, with its run's layout (``layout.run_roles``). A plain kind is left
+    out where a DLC kind of the same size and sleep mode is started: DLC's engine runs OpenRLHF's worker extension
+    (``DLCWorkerWrap`` is a ``WorkerWrap``) and vLLM's Qwen3 as its policy stack, and more."""
+    grid, train = config["grid"], config["grid"]["train"]
+    kinds: dict[tuple, list[dict]] = {}  # (TP, sleep, DLC) -> the engine of every run of that kind
+    for run, spec in G.run_specs(config):
+        if shape_name(G.request(config, run)) != shape:
+            continue
+        res = L.run_roles(G.resources(config, run), spec)["resources"]
+        dlc = None
+        if spec.uses_dlc:
+            dlc = {"memory": G.model_path(config, G.memory_of(grid, run.model)), "mu": float(spec.dlc_mu)}
+        tp, sleep = int(res["vllm_tensor_parallel_size"]), bool(res["colocate_all"])
+        engine = {
+            "role": "training",
+            "model": G.model_path(config, run.model),
+            "tensor_parallel_size": tp,
+            "sleep": sleep,  # OpenRLHF: --vllm.enable_sleep, given with --train.colocate_all (command.py)
+            "gpu_memory_utilization": float(res["vllm_gpu_memory_utilization"]),
+            "prefix_caching": bool(res["prefix_caching"]),
+            "enforce_eager": "--vllm.enforce_eager" in [str(a) for a in res["extra_args"]],  # OpenRLHF's default
+            "max_model_len": int(train["max_prompt_len"]) + int(train["max_new_tokens"]),  # --data.max_len
+            "dtype": "bfloat16",  # create_vllm_engines' own
+            "worker_extension": f"{DLC_MODULE}.DLCWorkerWrap" if dlc else WORKER_WRAP,
+            # train_ppo_ray: processed logprobs where an importance correction is on (command.py: DLC, truncated)
+            "logprobs_mode": "processed_logprobs" if spec.dlc_importance == "truncated" else None,
+            "dlc": dlc,
+            "runs_of": run.model,
+        }
+        kinds.setdefault((tp, sleep, dlc is not None, json.dumps(dlc, sort_keys=True)), []).append(engine)
+    with_dlc = {(tp, sleep) for tp, sleep, dlc, _ in kinds if dlc}
+    out = []
+    for (tp, sleep, dlc, _), group in kinds.items():
+        if not dlc and (tp, sleep) in with_dlc:
+            continue  # the DLC engine of this size and sleep mode checks what this one would
+        engine = min(group, key=lambda e: P.parameters(_hf_id(config, e["runs_of"])))
+        covered = group + [e for (t, s, d, _), g in kinds.items() if dlc and not d and (t, s) == (tp, sleep) for e in g]
+        out.append({**engine, "runs_of": sorted({e["runs_of"] for e in covered})})
+    return out
+
+
+def _hf_id(config: dict, model: str) -> str:
+    return G.download_params(config, model)["hf_id"]
 
 
 def run_checks(p: dict) -> list[dict]:

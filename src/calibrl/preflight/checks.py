@@ -5,13 +5,18 @@ cluster, a lock), never a version lookup that could pass while the real call fai
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger("calibrl.preflight")
+RAY_CLUSTER = Path(__file__).resolve().parents[1] / "backends" / "openrlhf" / "ray_cluster.sh"
 
 
 class Failed(RuntimeError):
@@ -119,18 +124,82 @@ def compiler(p: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ the stack
 def flash_attn(p: dict) -> str:
-    """OpenRLHF 0.11.2 imports flash-attn at module level (models/ring_attn_utils.py): its model code must import."""
+    """OpenRLHF 0.11.2 imports flash-attn at module level (models/ring_attn_utils.py) and trains packed sequences
+    through ``flash_attn_varlen_func``: its model code must import, and one varlen forward and backward must run on
+    the GPU (bf16, two packed sequences, grouped KV heads as Qwen3) and match PyTorch's attention. A wheel built for
+    another GPU architecture or CUDA imports fine and fails here."""
     try:
         import flash_attn as fa
         import flash_attn.bert_padding  # noqa: F401
         import openrlhf.models  # noqa: F401
+        from flash_attn import flash_attn_varlen_func
     except Exception as exc:
         raise Failed(
             f"OpenRLHF's model code does not import: {type(exc).__name__}: {exc}",
             "build the flash-attn wheel once on a GPU node (sbatch scripts/build_flash_attn.sh), then "
             "scripts/cluster_env.sh build",
         ) from exc
-    return f"flash-attn {fa.__version__}, openrlhf.models imports"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Failed(
+            f"flash-attn {fa.__version__} and openrlhf.models import, but torch sees no CUDA device: flash-attn's "
+            f"kernels run only on NVIDIA GPUs, so its forward was not run",
+            "run the preflight on a GPU node (the GPU partition); on a CPU test cluster waive it "
+            "(grid.preflight.waive: [flash_attn])",
+        )
+    name, (major, minor) = torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
+    try:
+        err = _varlen_attention_error(flash_attn_varlen_func, torch)
+    except Exception as exc:
+        raise Failed(
+            f"flash-attn {fa.__version__}: flash_attn_varlen_func failed on {name} (sm_{major}{minor}): "
+            f"{type(exc).__name__}: {str(exc)[:400]}",
+            f"rebuild the wheel for this GPU and torch (sbatch scripts/build_flash_attn.sh with "
+            f"FLASH_ATTN_CUDA_ARCHS including {major}{minor}; remove the old wheel from .wheels/ first)",
+        ) from exc
+    if err > 0.05:
+        raise Failed(
+            f"flash-attn {fa.__version__} on {name}: the varlen attention differs from PyTorch's by {err:.3f} (bf16)",
+            "rebuild the flash-attn wheel against the venv's torch (sbatch scripts/build_flash_attn.sh)",
+        )
+    return (
+        f"flash-attn {fa.__version__}: varlen forward + backward on {name} (bf16, 2 packed sequences) matches "
+        f"PyTorch within {err:.1e}; openrlhf.models imports"
+    )
+
+
+def _varlen_attention_error(varlen, torch) -> float:
+    """The largest difference between ``varlen`` (flash-attn's packed, causal attention) and PyTorch's attention on
+    the same two sequences of 5 and 3 tokens (4 query heads, 2 KV heads of size 128), forward and gradient."""
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lengths, heads, kv_heads, dim = [5, 3], 4, 2, 128
+    total = sum(lengths)
+
+    def rand(h):
+        x = torch.randn(total, h, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_(True)
+
+    q, k, v = rand(heads), rand(kv_heads), rand(kv_heads)
+    cu = torch.tensor([0, lengths[0], total], device="cuda", dtype=torch.int32)
+    out = varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    out.float().square().sum().backward()
+    grads = [t.grad.float() for t in (q, k, v)]
+    q2, k2, v2 = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    parts = []
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q2, k2, v2))  # heads first
+        ks, vs = (t.repeat_interleave(heads // kv_heads, dim=0) for t in (ks, vs))
+        parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True).transpose(0, 1))
+    ref = torch.cat(parts)
+    ref.square().sum().backward()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        diffs = [(out.float() - ref).abs().max()]
+        diffs += [(g - r.grad).abs().max() / r.grad.abs().max().clamp_min(1e-6) for g, r in zip(grads, (q2, k2, v2))]
+        return float(max(diffs))
 
 
 def optimizer(p: dict) -> str:
@@ -144,14 +213,26 @@ def optimizer(p: dict) -> str:
 
 
 def vllm_engine(p: dict) -> str:
-    """A vLLM engine starts with the smallest of the grid's models and the jobs' settings and samples with top-p
-    and top-k (the sampler path that would need a compiler with FlashInfer)."""
+    """Every engine of ``p["engines"]`` (``calibrl.preflight.engines``) starts and samples: the evaluator's as the
+    evaluation jobs start it (top-p and top-k: the sampler path that would need a compiler with FlashInfer), and
+    each training kind as OpenRLHF starts its rollout engines (``engine_probe``: the worker extension, sleep mode
+    with a sleep / wake-up cycle, the run's tensor-parallel size, DLC's composite model)."""
+    seen = []
+    for e in p["engines"]:
+        if e["role"] == "evaluation":
+            seen.append(f"evaluation engine: {_evaluator_engine(e)}")
+        else:
+            seen.append(f"training engine of {', '.join(e['runs_of'])}: {_training_engine(e, p)}")
+    return " | ".join(seen)
+
+
+def _evaluator_engine(e: dict) -> str:
     from calibrl.evaluate.vllm import engine_kwargs, serve
 
-    e = p["engine"]
     positions = json.loads((Path(e["model"]) / "config.json").read_text()).get("max_position_embeddings")
     length = min(int(e["max_model_len"]), int(positions or e["max_model_len"]))
-    engine = engine_kwargs(e["model"], 0, 1, length, e["dtype"], e["enforce_eager"])
+    tp = int(e.get("tensor_parallel_size", 1))
+    engine = engine_kwargs(e["model"], 0, tp, length, e["dtype"], e["enforce_eager"])
     engine["gpu_memory_utilization"] = 0.5
     got = []
     sampling = {"n": 2, "temperature": 1.0, "top_p": 0.9, "top_k": 20, "max_tokens": 8, "seed": 1}
@@ -160,7 +241,32 @@ def vllm_engine(p: dict) -> str:
     except Exception as exc:
         raise Failed(f"vLLM could not start or sample: {type(exc).__name__}: {str(exc)[:600]}", _vllm_fix()) from exc
     ((_, outs),) = got
-    return f"{e['model']}: {len(outs)} samples of {[n for _, n in outs]} tokens"
+    return f"{e['model']}, TP {tp}: {len(outs)} samples of {[n for _, n in outs]} tokens"
+
+
+def _training_engine(e: dict, p: dict) -> str:
+    """``engine_probe`` in a process of its own; inside ``ray_cluster.sh`` where TP > 1 (OpenRLHF's engines then
+    run vLLM's Ray executor, which joins the cluster in ``RAY_ADDRESS``)."""
+    from calibrl.preflight.engine_probe import MARK
+
+    spec = {k: v for k, v in e.items() if k not in ("role", "runs_of")}
+    argv = [sys.executable, "-m", "calibrl.preflight.engine_probe", json.dumps(spec)]
+    env = dict(os.environ)
+    if int(e["tensor_parallel_size"]) > 1:
+        argv = ["bash", str(RAY_CLUSTER), *argv]
+        env["RAY_GPUS_PER_NODE"] = str(p["gpus_per_node"])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1500)
+    except subprocess.TimeoutExpired as exc:
+        raise Failed(f"the training engine did not start and sample within {exc.timeout:.0f} s", _vllm_fix()) from exc
+    said = [json.loads(line[len(MARK) :]) for line in out.stdout.splitlines() if line.startswith(MARK)]
+    if said and "detail" in said[-1] and out.returncode == 0:
+        return said[-1]["detail"]
+    log.warning("the training engine's output:\n%s", (out.stdout + out.stderr)[-8000:])
+    if said and "cause" in said[-1]:
+        raise Failed(said[-1]["cause"], said[-1]["fix"])
+    tail = _error_tail(out.stdout + "\n" + out.stderr)
+    raise Failed(f"vLLM could not start the training engine the way OpenRLHF does:\n{tail}", _vllm_fix())
 
 
 def _vllm_fix() -> str:
@@ -170,17 +276,35 @@ def _vllm_fix() -> str:
     )
 
 
+def _error_tail(text: str, size: int = 1200) -> str:
+    """The end of a failed process's output, from its last traceback's last lines where there is one."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    errors = [i for i, line in enumerate(lines) if re.match(r"^(\(\w+ pid=\d+\) )?\w*(Error|Exception)\b", line)]
+    picked = lines[max(0, errors[-1] - 3) :] if errors else lines
+    return "\n".join(picked)[-size:]
+
+
 def ray(p: dict) -> str:
-    """A private Ray cluster with token auth spans the allocation's nodes, each with its GPUs
-    (``ray_cluster.sh``, as the training jobs start it)."""
-    script = Path(__file__).resolve().parents[1] / "backends" / "openrlhf" / "ray_cluster.sh"
+    """A private Ray cluster with token auth spans the allocation's nodes, each with its GPUs (``ray_cluster.sh``,
+    as the training jobs start it), and GPU actors placed as OpenRLHF places its roles all-reduce between them
+    (``ray_probe``: NCCL across the nodes of a multi-node shape, across two GPUs of a single node; gloo without
+    CUDA)."""
     probe = [sys.executable, "-m", "calibrl.preflight.ray_probe", str(p["nodes"]), str(p["gpus_per_node"])]
     env = {**os.environ, "RAY_GPUS_PER_NODE": str(p["gpus_per_node"])}
-    out = subprocess.run(["bash", str(script), *probe], capture_output=True, text=True, env=env, timeout=600)
+    try:
+        out = subprocess.run(["bash", str(RAY_CLUSTER), *probe], capture_output=True, text=True, env=env, timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        raise Failed(f"the Ray cluster or its GPU actors did not finish within {exc.timeout:.0f} s", _RAY_FIX) from exc
     if out.returncode:
-        tail = (out.stderr + out.stdout).strip()[-1200:]
-        raise Failed(f"the Ray cluster did not come up as the jobs need it:\n{tail}", "see ray_cluster.sh's message")
+        tail = (out.stderr + out.stdout).strip()[-1500:]
+        raise Failed(f"the Ray cluster did not come up or run collectives as the jobs need:\n{tail}", _RAY_FIX)
     return out.stdout.strip().splitlines()[-1]
+
+
+_RAY_FIX = (
+    "see ray_cluster.sh's message; for a collective that fails or hangs, NCCL_DEBUG=INFO in the job's environment "
+    "(slurm/config.yaml's precommand) shows the interfaces NCCL chose, NCCL_SOCKET_IFNAME / NCCL_IB_HCA set them"
+)
 
 
 # ------------------------------------------------------------------------------------- data and disk
@@ -201,17 +325,170 @@ def models(p: dict) -> str:
 
 
 def disk(p: dict) -> str:
-    """The results folder's file system has room for what the planner says the grid writes."""
+    """The results folder has room for what the planner says the grid writes: the file system's free space, or
+    less where a quota leaves less (:func:`quotas`: ``lfs quota`` on Lustre, ``quota`` elsewhere)."""
     root = Path(p["results"])
     root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free / 1e9
+    fs_free = shutil.disk_usage(root).free / 1e9
     need = float(p["disk_gb"])
+    found, notes = quotas(root)
+    free, why = fs_free, f"the file system has {fs_free:.0f} GB free"
+    for q in found:
+        if q["over_files"]:
+            raise Failed(
+                f"{q['who']} is at its file-count limit on {root} ({q['files']} files; {q['command']}): no new file "
+                f"can be written",
+                "remove files or ask the cluster's admins for a larger inode quota",
+            )
+        if q["left_gb"] is not None and q["left_gb"] < free:
+            free, why = q["left_gb"], f"{q['who']}'s quota leaves {q['left_gb']:.0f} GB ({q['command']})"
+    said = [f"file system {fs_free:.0f} GB free"] + [_said(q) for q in found] + notes
     if free < need:
+        quota = free < fs_free
         raise Failed(
-            f"{root} has {free:.0f} GB free; calibrl plan estimates {need:.0f} GB for this grid",
-            "free space, put 'results' on a larger file system, or keep fewer checkpoints (grid.retention)",
+            f"{root}: {why}; calibrl plan estimates {need:.0f} GB for this grid ({'; '.join(said)})",
+            ("ask for a larger quota, or " if quota else "free space, or ")
+            + "put 'results' on a larger file system, or keep fewer checkpoints (grid.retention)",
         )
-    return f"{free:.0f} GB free for an estimated {need:.0f} GB"
+    return f"{free:.0f} GB free for an estimated {need:.0f} GB ({'; '.join(said)})"
+
+
+def _said(q: dict) -> str:
+    if q["left_gb"] is None:
+        return f"{q['who']}: no limit ({q['command']})"
+    return f"{q['who']}: {q['left_gb']:.0f} GB left of {q['limit_gb']:.0f} GB ({q['command']})"
+
+
+def filesystem(path: Path) -> dict:
+    """``{"type", "source", "mount"}`` of the file system holding ``path``, from ``df -PT`` (``stat -f`` for the type
+    where df fails)."""
+    out = _run(["df", "-PT", str(path)])
+    rows = out.splitlines()[1:] if out else []
+    if rows:
+        fields = rows[-1].split()
+        if len(fields) >= 7:
+            return {"type": fields[1].lower(), "source": fields[0], "mount": " ".join(fields[6:])}
+    kind = _run(["stat", "-f", "-c", "%T", str(path)]).strip().lower()
+    mount = Path(path).resolve()
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    return {"type": kind or "unknown", "source": "", "mount": str(mount)}
+
+
+def quotas(root: Path) -> tuple[list[dict], list[str]]:
+    """The quotas that bound what this user can write under ``root``, and notes on what could not be read.
+
+    Lustre (``df -T``/``stat -f`` say ``lustre``, ``lfs`` on PATH): ``lfs quota -u USER``, ``-g`` for the group new
+    files get (the folder's where it is setgid, else the user's), and ``-p`` for the folder's project where it has
+    one (``lfs project -d``). Elsewhere ``quota -w -u USER`` where the tool is installed, its row of this file
+    system. Each quota as ``{"who", "command", "left_gb", "limit_gb", "over_files", "files"}``: what is left below
+    the lower of the soft and hard limits (writing past the soft one works only until its grace period ends;
+    ``left_gb`` None where neither is set)."""
+    fs = filesystem(root)
+    user = os.environ.get("USER") or _user()
+    found, notes = [], []
+    if fs["type"] == "lustre":
+        if not shutil.which("lfs"):
+            return [], ["Lustre, but no lfs on PATH: quotas not read"]
+        st = root.stat()
+        gid = st.st_gid if st.st_mode & 0o2000 else os.getegid()
+        asks = [("-u", user, f"user {user}"), ("-g", str(gid), f"group {_group(gid)}")]
+        project = _run(["lfs", "project", "-d", str(root)]).split()
+        if project and project[0].isdigit() and int(project[0]):
+            asks.append(("-p", project[0], f"project {project[0]}"))
+        for flag, who, name in asks:
+            command = ["lfs", "quota", flag, who, fs["mount"]]
+            rows = parse_quota(_run(command))
+            if not rows:
+                notes.append(f"{' '.join(command)} printed no quota")
+                continue
+            found.append(_quota(rows[0], name, " ".join(command)))
+    elif shutil.which("quota"):
+        command = ["quota", "-w", "-u", user]
+        rows = [r for r in parse_quota(_run(command)) if r["filesystem"] in (fs["source"], fs["mount"])]
+        if rows:
+            found.append(_quota(rows[0], f"user {user}", " ".join(command)))
+    return found, notes
+
+
+def _quota(row: dict, who: str, command: str) -> dict:
+    limits = [x for x in (row["quota"], row["limit"]) if x > 0]
+    flimits = [x for x in (row["files_quota"], row["files_limit"]) if x > 0]
+    return {
+        "who": who,
+        "command": command,
+        "limit_gb": min(limits) * 1024 / 1e9 if limits else None,
+        "left_gb": max(0.0, (min(limits) - row["used"]) * 1024 / 1e9) if limits else None,
+        "files": row["files"],
+        "over_files": bool(flimits) and row["files"] >= min(flimits),
+    }
+
+
+_NUMBER = re.compile(r"^\[?(\d+)\*?\]?$")  # a count, "*" where over a limit, "[...]" on lfs's per-target rows
+_GRACE = re.compile(r"^(\[?-\]?|none|\d+(days?|[wdhms])\w*|\d+:\d+(:\d+)?)$", re.IGNORECASE)  # "-", "6d23h59m58s"
+
+
+def parse_quota(text: str) -> list[dict]:
+    """The rows of ``lfs quota`` or ``quota -w`` output: ``{"filesystem", "used", "quota", "limit", "over",
+    "files", "files_quota", "files_limit", "files_over"}``, sizes in kbytes (1 KiB blocks), 0 for no limit, ``over``
+    where a value carries ``*``. A row may be wrapped after a long file system name (lfs); a grace column may be
+    empty (``quota`` prints none below the soft limit) or ``-``."""
+    lines = text.splitlines()
+    head = next((i for i, line in enumerate(lines) if line.split()[:1] == ["Filesystem"]), None)
+    if head is None:
+        return []
+    tokens = " ".join(lines[head + 1 :]).split()
+    rows = []
+    while tokens:
+        name = tokens.pop(0)
+        values: list[str] = []
+        stars = []
+        for _ in range(2):  # blocks, then files: used, soft, hard[, grace]
+            if len(tokens) < 3 or not all(_NUMBER.match(t) for t in tokens[:3]):
+                return rows
+            used, soft, hard = (tokens.pop(0) for _ in range(3))
+            stars.append("*" in used)
+            values += [_NUMBER.match(t)[1] for t in (used, soft, hard)]
+            if tokens and _GRACE.match(tokens[0]):
+                tokens.pop(0)  # the grace period: "-", "none", "6d23h59m58s", "6days", "00:30"
+        used, soft, hard, files, fsoft, fhard = (int(v) for v in values)
+        rows.append(
+            {
+                "filesystem": name,
+                "used": used,
+                "quota": soft,
+                "limit": hard,
+                "over": stars[0],
+                "files": files,
+                "files_quota": fsoft,
+                "files_limit": fhard,
+                "files_over": stars[1],
+            }
+        )
+    return rows
+
+
+def _run(argv: list[str]) -> str:
+    """A command's stdout ("" where it is missing, fails to start or hangs: NFS quota servers may not answer)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _group(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def lock(p: dict) -> str:
