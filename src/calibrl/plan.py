@@ -24,6 +24,12 @@ Throughput model (per GPU, bf16):
 * a training step = generation of ``prompts_per_step x group_size`` responses on the engine GPUs, then
   training on the actor GPUs, then ``step_overhead_s`` (weight sync, sleep/wake); the phases do not overlap
   (OpenRLHF's synchronous PPO loop), so the job's GPUs are all held for the sum.
+
+Packing (the wall time on ``--gpus`` GPUs): a node (``node_gpus``, ``node_cpus``, ``node_mem_mb``) holds as many
+jobs of a rule as fit by GPUs, by CPUs and by memory, the least of the three; the CPUs (``cpus_per_task``) and
+memory (``mem_mb``, per node) a job asks for are read from the SLURM profile(s) as Snakemake merges them
+(:func:`read_profile`, :func:`slurm_requests`; ``calibrl plan --profile slurm --profile slurm/smoke``). A job then
+holds ``node_gpus / jobs per node`` GPUs of each of its nodes, used or not. Without a profile, GPUs alone count.
 """
 
 from __future__ import annotations
@@ -31,8 +37,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from calibrl import grid as G
 from calibrl.backends.openrlhf import layout as L
@@ -62,11 +66,11 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
     "memory_flops_per_param_token": (8, "DLC memory update: 6N fwd+bwd + 2N recomputation (no old or ref forward)"),
     "memory_update_efficiency": (
-        0.7,
-        "estimate for an H100: the memory update's rate per parameter-token over the policy update's (same code, "
-        "Qwen3-1.7B / Qwen3-8B shapes); measured 0.94-0.96 on 2 CPU cores in bf16 (benchmarks/"
-        "memory_update_efficiency.py), an upper bound: a roofline count of the memory-bound work puts an H100 "
-        "at ~0.7 (docs/cluster.md); to replace: the same command with --device cuda",
+        0.57,
+        "measured on an H100 (2026-11-26): the memory update's rate per parameter-token over the policy update's "
+        "(the same code, Qwen3-1.7B / Qwen3-8B shapes, full 9,216-token micro-batches): 0.63 with one, 0.57 with "
+        "ten (benchmarks/memory_update_efficiency.py --device cuda --sequences 1,3,30; docs/cluster.md); the lower "
+        "taken",
     ),
     "decode_alone_hbm_efficiency": (
         0.5,
@@ -75,6 +79,10 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "runtime_margin": (1.5, "assumption: warn when an estimate x this margin outruns a SLURM runtime"),
     "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
     "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
+    # The node the jobs pack onto. Yours: `scontrol show node <name>` (Gres, CPUTot, RealMemory).
+    "node_gpus": (8, "assumption: a DGX H100-class node, 8 H100 SXM"),
+    "node_cpus": (112, "assumption: a DGX H100-class node, 2 x 56-core Xeon 8480C, one SLURM CPU per core"),
+    "node_mem_mb": (2_000_000, "assumption: a DGX H100-class node, 2 TB, less the system's share (SLURM MB)"),
 }
 
 # Qwen3 architectures, from each model's config.json on the Hub (vocab 151,936; head_dim 128).
@@ -89,12 +97,48 @@ QWEN3 = {
 VOCAB, HEAD_DIM = 151936, 128
 
 
+_DOWNLOADED: dict[str, dict] = {}  # hf_id -> shape, from a downloaded folder's config.json (:func:`learn`)
+
+
+def learn(config: dict) -> None:
+    """Learn the shape of each model of the grid that ``QWEN3`` does not list from its downloaded folder's
+    config.json, where that folder exists (a model downloaded before the plan, or the CPU rehearsal's tiny ones)."""
+    import json
+
+    for model in G.run_models(config):
+        hf_id = _hf(config, model)
+        folder = Path(G.model_path(config, model))
+        if hf_id in QWEN3 or hf_id in _DOWNLOADED or not (folder / "config.json").is_file():
+            continue
+        c = json.loads((folder / "config.json").read_text())
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        _DOWNLOADED[hf_id] = {
+            "hidden": c["hidden_size"],
+            "layers": c["num_hidden_layers"],
+            "heads": c["num_attention_heads"],
+            "kv_heads": c["num_key_value_heads"],
+            "inter": c["intermediate_size"],
+            "tied": bool(c.get("tie_word_embeddings")),
+            "vocab": c["vocab_size"],
+            "head_dim": head_dim,
+        }
+
+
+def _shape(hf_id: str) -> dict:
+    shape = QWEN3.get(hf_id) or _DOWNLOADED.get(hf_id)
+    if shape is None:
+        raise ValueError(
+            f"{hf_id}: no architecture known to the planner (calibrl.plan.QWEN3, or the config.json of its "
+            "downloaded folder); add its config"
+        )
+    return shape
+
+
 def parameters(hf_id: str) -> int:
     """Parameter count of a Qwen3 model from its config (embeddings, attention with q/k norms, SwiGLU MLP,
     RMSNorms, an untied LM head where the config unties it)."""
-    if hf_id not in QWEN3:
-        raise ValueError(f"{hf_id}: no architecture known to the planner (calibrl.plan.QWEN3); add its config")
-    return shape_parameters(QWEN3[hf_id])
+    c = _shape(hf_id)
+    return shape_parameters(c, c.get("vocab", VOCAB), c.get("head_dim", HEAD_DIM))
 
 
 def shape_parameters(c: dict, vocab: int = VOCAB, head_dim: int = HEAD_DIM) -> int:
@@ -106,8 +150,8 @@ def shape_parameters(c: dict, vocab: int = VOCAB, head_dim: int = HEAD_DIM) -> i
 
 def kv_bytes_per_token(hf_id: str) -> int:
     """bf16 K and V of one token over all layers."""
-    c = QWEN3[hf_id]
-    return 2 * c["layers"] * c["kv_heads"] * HEAD_DIM * 2
+    c = _shape(hf_id)
+    return 2 * c["layers"] * c["kv_heads"] * c.get("head_dim", HEAD_DIM) * 2
 
 
 def assumptions(overrides: dict | None = None) -> dict:
@@ -189,12 +233,66 @@ class Row:
     note: str = ""
     summed_gpu_hours: float | None = None
     job_h: float | None = None  # one job's hours where a job is part of the row (a training segment)
+    held_gpus: float | None = None  # GPUs a job keeps from others: its nodes' GPUs / jobs per node (:func:`fit`)
+    per_node: str = ""  # how many of its jobs fit a node, and by what
 
     @property
     def gpu_hours(self) -> float:
         if self.summed_gpu_hours is not None:
             return self.summed_gpu_hours
         return self.jobs * self.gpus * self.wall_h
+
+    @property
+    def held_gpu_hours(self) -> float:
+        """``gpu_hours`` counting the GPUs its jobs leave idle on their nodes (CPUs or memory taken)."""
+        if not self.gpus or self.held_gpus is None:
+            return self.gpu_hours
+        return self.gpu_hours * self.held_gpus / self.gpus
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one job of a rule asks SLURM for on each of its nodes besides GPUs (``cpus_per_task``, ``mem_mb``), each
+    value with the profile key it comes from; ``None`` where the profile gives none."""
+
+    cpus: float | None = None
+    mem_mb: float | None = None
+    cpus_key: str = ""
+    mem_mb_key: str = ""
+
+
+def fit(a: dict, gpus_per_node: float, request: Request | None = None) -> tuple[int, dict[str, int]]:
+    """How many jobs of ``gpus_per_node`` GPUs and ``request`` one node (``node_gpus``, ``node_cpus``,
+    ``node_mem_mb``) holds: the least of its fits by GPUs, by CPUs and by memory (the dict: each that applies)."""
+
+    def per(have: float, want: float) -> int:
+        return math.floor(have / want + 1e-9)
+
+    fits = {}
+    if gpus_per_node:
+        fits["GPUs"] = per(a["node_gpus"], gpus_per_node)
+    if request is not None and request.cpus:
+        fits["CPUs"] = per(a["node_cpus"], request.cpus)
+    if request is not None and request.mem_mb:
+        fits["memory"] = per(a["node_mem_mb"], request.mem_mb)
+    return (min(fits.values()) if fits else 0), fits
+
+
+def _pack(row: Row, a: dict, nodes: int, gpus_per_node: float, request: Request | None) -> Row:
+    """Set ``row.held_gpus`` (the GPUs its jobs keep from others) and ``row.per_node`` from :func:`fit`."""
+    k, fits = fit(a, gpus_per_node, request)
+    row.held_gpus = nodes * a["node_gpus"] / max(k, 1)
+    by = [name for name, n in fits.items() if n == k]
+    if request is None:  # no profile read: its CPUs and memory are not known
+        by = ["GPUs alone"]
+    row.per_node = f"{k} per node (by {' and '.join(by)})" if k else "fits no node (see the problems below)"
+    return row
+
+
+def _request(requests: dict | None, rule: str) -> Request | None:
+    if requests is None:
+        return None
+    return requests.get(rule) or requests.get("*")
 
 
 def _gb(n: float) -> float:
@@ -214,9 +312,10 @@ def _eval_gpus(config: dict) -> int:
     return int(ev["data_parallel_size"]) * int(ev["tensor_parallel_size"])
 
 
-def train_row(config: dict, run: G.Run, a: dict) -> Row:
+def train_row(config: dict, run: G.Run, a: dict, request: Request | None = None) -> Row:
     """One training run (``grid.train``, its layout (``calibrl.backends.openrlhf.layout``), its method's extra work);
-    ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job)."""
+    ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job); packed onto nodes
+    with the ``request`` of rule train (:func:`fit`)."""
     grid = config["grid"]
     tr = grid["train"]
     hf = _hf(config, run.model)
@@ -263,12 +362,18 @@ def train_row(config: dict, run: G.Run, a: dict) -> Row:
         f"{run.path}: {len(ends)} segments of <= {longest} steps, {segment_h:.1f} h each; a step "
         f"{gen:.0f} s generation + {update:.0f} s training on {gpus} GPUs"
     )
-    return Row("train", len(ends), gpus, run_h, _gb(disk), note, run_h * gpus, segment_h)
+    row = Row("train", len(ends), gpus, run_h, _gb(disk), note, run_h * gpus, segment_h)
+    return _pack(row, a, int(lay["nodes"]), int(lay["gpus_per_node"]), request)
 
 
-def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[Row]]:
-    """One row per rule, in workflow order, and one row per training run (summed into the ``train`` row)."""
+def plan(
+    config: dict, overrides: dict | None = None, requests: dict[str, Request] | None = None
+) -> tuple[list[Row], list[Row]]:
+    """One row per rule, in workflow order, and one row per training run (summed into the ``train`` row).
+    ``requests``: the CPUs and memory per rule from the SLURM profile (:func:`slurm_requests`), which with the
+    node's size decide how many jobs share a node; without them, GPUs alone do."""
     a = assumptions(overrides)
+    learn(config)
     grid = config["grid"]
     runs = G.runs(config)
     rows: list[Row] = []
@@ -299,19 +404,21 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
             + generation_seconds(a, _hf(config, m), train_rows * tr["filter_samples"], tr["max_new_tokens"], egpus, tp)
             for m in ranked
         ]
-        rows.append(Row("rank_train", len(ranked), egpus, max(walls) / 3600, 0.01, ", ".join(ranked)))
-    trains = [train_row(config, r, a) for r in runs]
-    rows.append(
-        Row(
-            "train",
-            sum(t.jobs for t in trains),
-            max(t.gpus for t in trains),
-            max(t.job_h for t in trains),
-            sum(t.disk_gb for t in trains),
-            f"{len(trains)} runs in segments; longest segment shown, longest run {max(t.wall_h for t in trains):.0f} h",
-            sum(t.gpu_hours for t in trains),
-        )
+        rank = Row("rank_train", len(ranked), egpus, max(walls) / 3600, 0.01, ", ".join(ranked))
+        rows.append(_pack(rank, a, 1, egpus, _request(requests, "rank_train")))
+    trains = [train_row(config, r, a, _request(requests, "train")) for r in runs]
+    train = Row(
+        "train",
+        sum(t.jobs for t in trains),
+        max(t.gpus for t in trains),
+        max(t.job_h for t in trains),
+        sum(t.disk_gb for t in trains),
+        f"{len(trains)} runs in segments; longest segment shown, longest run {max(t.wall_h for t in trains):.0f} h",
+        sum(t.gpu_hours for t in trains),
     )
+    train.held_gpus = train.gpus * sum(t.held_gpu_hours for t in trains) / max(train.gpu_hours, 1e-12)
+    train.per_node = "; ".join(dict.fromkeys(t.per_node for t in trains))
+    rows.append(train)
     egpus = _eval_gpus(config)
     ev = grid["eval"]
     n_ckpt = len(G.eval_steps(config))
@@ -325,17 +432,16 @@ def plan(config: dict, overrides: dict | None = None) -> tuple[list[Row], list[R
         gen = generation_seconds(a, _hf(config, m), eval_problems * ev["n"], ev["max_new_tokens"], egpus, tp)
         evals.append((1, startup_seconds(a, _hf(config, m)) + gen))
     jobs = sum(j for j, _ in evals)
-    rows.append(
-        Row(
-            "evaluate",
-            jobs,
-            egpus,
-            max(w for _, w in evals) / 3600,
-            _gb(jobs * a["eval_result_bytes"]),
-            f"{len(runs)} runs x {n_ckpt} checkpoints + {len(bases)} base-model evaluations; longest shown",
-            sum(j * w for j, w in evals) * egpus / 3600,
-        )
+    evaluate = Row(
+        "evaluate",
+        jobs,
+        egpus,
+        max(w for _, w in evals) / 3600,
+        _gb(jobs * a["eval_result_bytes"]),
+        f"{len(runs)} runs x {n_ckpt} checkpoints + {len(bases)} base-model evaluations; longest shown",
+        sum(j * w for j, w in evals) * egpus / 3600,
     )
+    rows.append(_pack(evaluate, a, 1, egpus, _request(requests, "evaluate")))  # evaluate_base: sized as evaluate
     rows.append(Row("aggregate", 1, 0, 0.25, 0.05, "local rule, CPU"))
     return rows, trains
 
@@ -344,58 +450,192 @@ def totals(rows: list[Row], trains: list[Row] | None = None, gpus: int = 8) -> d
     """The whole grid: GPU-hours and disk summed over rules; wall time with every job of a rule running at
     once and the rules one after another (downloads, rank_train, the longest run, an evaluation, aggregate):
     an upper bound on the critical path with unlimited GPUs (only the filtering run waits for rank_train); and
-    on ``gpus`` GPUs, at least the longer of that path and the GPU-hours spread over them."""
+    on ``gpus`` GPUs, at least the longer of that path and the GPU-hours the jobs hold (``held_gpu_hours``: the
+    GPUs of their nodes that the CPUs and memory they take leave idle count too) spread over them."""
     by = {r.rule: r for r in rows}
     path = ["data_download", "download_model", "rank_train", "train", "evaluate", "aggregate"]
     hours = {name: by[name].wall_h for name in path if name in by}
     if trains:  # a run's segments follow one another: the longest run, not one segment
         hours["train"] = max(t.wall_h for t in trains)
     gpu_hours = sum(r.gpu_hours for r in rows)
+    held = sum(r.held_gpu_hours for r in rows if not (trains and r.rule == "train"))
+    held += sum(t.held_gpu_hours for t in trains or [])
     return {
         "gpu_hours": gpu_hours,
+        "held_gpu_hours": held,
         "disk_gb": sum(r.disk_gb for r in rows),
         "critical_path_h": sum(hours.values()),
-        "on_gpus_h": max(sum(hours.values()), gpu_hours / gpus),
+        "on_gpus_h": max(sum(hours.values()), held / gpus),
         "gpus": gpus,
     }
 
 
-def slurm_runtimes(profile: str | Path) -> dict[str, float]:
-    """``runtime`` (minutes) per rule in a Snakemake SLURM profile (``set-resources``; ``default-resources``)."""
-    data = yaml.safe_load(Path(profile).read_text(encoding="utf-8")) or {}
-    default = (data.get("default-resources") or {}).get("runtime")
+def profile_file(profile: str | Path) -> Path:
+    """The YAML file of a profile as ``snakemake --profile`` names it: a folder holding ``config.yaml`` (or
+    ``profile.yaml``), or the file itself (relative to the working directory)."""
+    path = Path(profile)
+    for candidate in (path / "config.yaml", path / "profile.yaml", path):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"profile {profile}: no such file, nor a folder holding config.yaml (from {Path.cwd()})")
+
+
+def read_profile(*profiles: str | Path) -> dict:
+    """The profiles merged as Snakemake 9 merges ``--profile A --profile B``: each later profile's top-level keys
+    replace the earlier ones' whole (a later ``set-resources`` replaces every rule's); YTE templates
+    (``__use_yte__: true``, as slurm/smoke/config.yaml) evaluated as Snakemake evaluates them."""
+    import yte
+    from yte.exceptions import YteError
+
+    merged: dict = {}
+    for profile in profiles:
+        path = profile_file(profile)
+        with path.open(encoding="utf-8") as stream:
+            try:
+                merged.update(yte.process_yaml(stream, require_use_yte=True) or {})
+            except YteError as err:
+                raise ValueError(f"profile {path}: {err}") from None
+    return merged
+
+
+def _profile(profile: str | Path | dict) -> dict:
+    return profile if isinstance(profile, dict) else read_profile(profile)
+
+
+def _value(value: object) -> object:
+    return getattr(value, "value", value)  # Snakemake's Resource objects (workflow.resource_settings) hold .value
+
+
+def _number(value: object) -> float | None:
+    """A plain number; ``None`` for what Snakemake would evaluate per job (an expression over attempt, input)."""
+    value = _value(value)
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def slurm_requests(profile: str | Path | dict) -> dict[str, Request]:
+    """The CPUs (``cpus_per_task``: one task per node) and memory (``mem_mb``, per node) one job of each rule asks
+    for, from a profile (a path, or :func:`read_profile`'s merge): its ``set-resources`` entry, else the
+    ``default-resources`` (``"*"``: the rules the profile does not name). Values that are expressions count as
+    unknown."""
+    data = _profile(profile)
+    default = data.get("default-resources") or {}
+
+    def request(rule: str, res: dict) -> Request:
+        out = {}
+        for key, name in (("cpus_per_task", "cpus"), ("mem_mb", "mem_mb")):
+            for where, values in ((f"set-resources.{rule}", res), ("default-resources", default)):
+                if key in values:
+                    out[name], out[f"{name}_key"] = _number(values[key]), f"{where}.{key}"
+                    break
+        return Request(**out)
+
     out = {
-        rule: float(res["runtime"])
+        rule: request(rule, dict(res.items()))
         for rule, res in (data.get("set-resources") or {}).items()
-        if isinstance(res, dict) and "runtime" in res
+        if hasattr(res, "items")
+    }
+    out["*"] = request("*", {})
+    return out
+
+
+NODE_RULES = ("train", "evaluate", "evaluate_base", "rank_train", "preflight")  # the GPU jobs, on the GPU nodes
+
+
+def check_nodes(config: dict, requests: dict[str, Request] | None, overrides: dict | None = None) -> list[str]:
+    """A problem per GPU job that no node can hold (``node_gpus``, ``node_cpus``, ``node_mem_mb``): more GPUs per
+    node than a node has (the layout's ``gpus_per_node``, ``grid.eval``'s engines), or more CPUs or memory
+    (the profile's ``cpus_per_task``, ``mem_mb``), each naming the key; SLURM would refuse or never start it."""
+    a = assumptions(overrides)
+    problems = []
+    node = "--assume node_{0}=N for your node (scontrol show node: {1})"
+    seen = set()
+    for run in G.runs(config):
+        if run.model in seen:
+            continue
+        seen.add(run.model)
+        gpn = int(G.resources(config, run)["gpus_per_node"])
+        if gpn > a["node_gpus"]:
+            problems.append(
+                f"PROBLEM grid.models.{run.model}.resources.gpus_per_node: {gpn} GPUs per node, a node has "
+                f"{a['node_gpus']:g} ({node.format('gpus', 'Gres')})"
+            )
+    egpus = _eval_gpus(config)
+    if egpus > a["node_gpus"]:
+        problems.append(
+            f"PROBLEM grid.eval: data_parallel_size x tensor_parallel_size = {egpus} GPUs on one node, a node has "
+            f"{a['node_gpus']:g} ({node.format('gpus', 'Gres')})"
+        )
+    ranks = any(spec.filters for _, spec in G.run_specs(config))
+    for rule in NODE_RULES:
+        req = _request(requests, rule)
+        if req is None or (rule == "rank_train" and not ranks):
+            continue
+        if req.cpus and req.cpus > a["node_cpus"]:
+            problems.append(
+                f"PROBLEM {rule}: {req.cpus_key} = {req.cpus:g} CPUs per node, a node has {a['node_cpus']:g} "
+                f"({node.format('cpus', 'CPUTot')}): SLURM cannot place the job"
+            )
+        if req.mem_mb and req.mem_mb > a["node_mem_mb"]:
+            problems.append(
+                f"PROBLEM {rule}: {req.mem_mb_key} = {req.mem_mb:g} MB per node, a node has {a['node_mem_mb']:g} "
+                f"({node.format('mem_mb', 'RealMemory')}): SLURM cannot place the job"
+            )
+    return problems
+
+
+def slurm_runtimes(profile: str | Path | dict) -> dict[str, float]:
+    """``runtime`` (minutes) per rule in a Snakemake SLURM profile (``set-resources``; ``default-resources``): a
+    path, or :func:`read_profile`'s merge of several."""
+    data = _profile(profile)
+    default = _number((data.get("default-resources") or {}).get("runtime"))
+    out = {
+        rule: _number(res["runtime"])
+        for rule, res in (data.get("set-resources") or {}).items()
+        if hasattr(res, "get") and _number(res.get("runtime")) is not None
     }
     if default is not None:
-        out["*"] = float(default)
+        out["*"] = default
     return out
+
+
+ROW_RULES = {"evaluate": ("evaluate", "evaluate_base")}  # a row's jobs, by rule: the base model's evaluations too
 
 
 def check_runtimes(rows: list[Row], runtimes: dict[str, float], overrides: dict | None = None) -> list[str]:
     """A warning per rule whose estimated wall time per job, times ``runtime_margin`` (the estimate's error),
-    exceeds its SLURM ``runtime``."""
+    exceeds its SLURM ``runtime`` (the ``evaluate`` row: rules evaluate and evaluate_base, the shorter limit),
+    naming the key it comes from (``"*"``: default-resources)."""
     margin = assumptions(overrides)["runtime_margin"]
     warnings = []
     for r in rows:
-        limit = runtimes.get(r.rule, runtimes.get("*"))
-        if limit is not None and r.wall_h * margin * 60 > limit:
+        limits = []
+        for rule in ROW_RULES.get(r.rule, (r.rule,)):
+            if rule in runtimes:
+                limits.append((runtimes[rule], f"set-resources.{rule}.runtime"))
+            elif "*" in runtimes:
+                limits.append((runtimes["*"], f"default-resources.runtime, rule {rule}"))
+        short = [(limit, key) for limit, key in limits if r.wall_h * margin * 60 > limit]
+        if short:
+            limit, key = min(short)
             warnings.append(
                 f"WARNING {r.rule}: a job needs ~{r.wall_h:.1f} h (x{margin:g} margin: {r.wall_h * margin:.1f} h), "
-                f"its SLURM runtime is {limit / 60:.1f} h (set-resources.{r.rule}.runtime): it could be killed"
+                f"its SLURM runtime is {limit / 60:.1f} h ({key}): it could be killed"
             )
     return warnings
 
 
-def slurm_gpus(profile: str | Path) -> dict[str, int]:
-    """``gpu`` per rule in a Snakemake SLURM profile's ``set-resources``."""
-    data = yaml.safe_load(Path(profile).read_text(encoding="utf-8")) or {}
+def slurm_gpus(profile: str | Path | dict) -> dict[str, int]:
+    """``gpu`` per rule in a Snakemake SLURM profile's ``set-resources`` (a path, or :func:`read_profile`'s merge)."""
+    data = _profile(profile)
     return {
-        rule: int(res["gpu"])
+        rule: int(_number(res["gpu"]) or 0)
         for rule, res in (data.get("set-resources") or {}).items()
-        if isinstance(res, dict) and "gpu" in res
+        if hasattr(res, "get") and _number(res.get("gpu")) is not None
     }
 
 
@@ -427,7 +667,13 @@ def render(
         f"{'total':<16}{'':>6}{'':>10}{t['critical_path_h']:>12.1f}{t['gpu_hours']:>12.1f}"
         f"{t['disk_gb']:>10.1f}  wall: rules in sequence, unlimited GPUs (upper bound)"
     )
-    lines.append(f"on {gpus} GPUs: at least {t['on_gpus_h']:.1f} h (the path above, or the GPU-hours spread over them)")
+    lines.append(
+        f"on {gpus} GPUs: at least {t['on_gpus_h']:.1f} h (the path above, or the {t['held_gpu_hours']:.1f} GPU-hours "
+        f"the jobs hold spread over them)"
+    )
+    packed = [f"{r.rule} {r.per_node}" for r in rows if r.gpus and r.per_node]
+    node = f"{a['node_gpus']:g} GPUs, {a['node_cpus']:g} CPUs, {a['node_mem_mb'] / 1000:g} GB"
+    lines.append(f"jobs per node ({node}; --assume node_gpus/node_cpus/node_mem_mb): " + ", ".join(packed))
     if brief:
         return "\n".join(lines)
     lines += ["", "training runs:"] + [
