@@ -1,6 +1,6 @@
 """The DLC memory's update against the policy's at equal tokens, at the paper's shapes (Qwen3-1.7B / Qwen3-8B).
 
-    .venv/bin/python benchmarks/memory_update_efficiency.py [--repeat 2] [--dtype bfloat16] [--quick]
+    .venv/bin/python benchmarks/memory_update_efficiency.py [--repeat 2] [--dtype bfloat16] [--sequences 1] [--quick]
 
 Both updates run ``memory_actor.MemoryWorker.gradients`` (FSDP2, bf16 compute with fp32 master weights, gradient
 checkpointing, the chunked fp32 head loss: the memory's own code, run on the policy's shape too, so the two differ
@@ -15,7 +15,10 @@ weights:
 - the model: ``layers x layer + head``.
 
 It prints the memory's update time over the policy's and the efficiency (N_m / N_p) / that ratio, N the parameter
-counts the planner prices by (``calibrl.plan.parameters``). Measured on an H100 (``--device cuda``) it is the
+counts the planner prices by (``calibrl.plan.parameters``). ``--sequences 1,3,30`` times each count of such
+sequences in one gradient pass, packed into micro-batches of at most ``--max-tokens`` (the layouts' 9,216: 3 of
+3,067 tokens fill one), as the trainer packs a step's responses; on a GPU one lone sequence leaves it waiting on
+per-layer overheads that a full micro-batch amortises. Measured on an H100 (``--device cuda``) it is the
 planner's ``memory_update_efficiency``; on a CPU, where memory-bound work weighs far less, it is an upper bound
 (``docs/cluster.md``, "DLC at paper scale"). Left out: AdamW's update (per parameter, once per step; at paper scale
 each rank's step covers ~300k tokens) and the untied 8B's separate input embedding (a dense gradient, under 1%).
@@ -54,6 +57,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="timed calls per part (best kept), after a warm-up")
     parser.add_argument("--dtype", default="bfloat16", help="compute dtype (the GPUs' bfloat16 by default)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (the figure to replace)")
+    parser.add_argument("--sequences", default="1", help="comma-separated sequence counts per gradient pass")
+    parser.add_argument("--max-tokens", type=int, default=9216, help="micro-batch tokens (max_tokens_per_gpu)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 16 + 80 tokens, vocabulary 4,096")
     args = parser.parse_args(argv)
     if args.quick:
@@ -73,8 +78,9 @@ def _shape(role: str, quick: bool) -> tuple[dict, int, int]:
     return QUICK[role] if quick else (QWEN3[ROLES[role]], VOCAB, HEAD_DIM)
 
 
-def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Path, seq, learn) -> float:
-    """Best time of the memory trainer's gradients on ``seq`` for a random-weight Qwen3 of ``shape``'s widths."""
+def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Path, batches) -> list[float]:
+    """Best time of the memory trainer's gradients on each of ``batches`` ((sequences, learn masks) pairs) for a
+    random-weight Qwen3 of ``shape``'s widths."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -83,15 +89,17 @@ def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Pat
     config = Qwen3Config(
         vocab_size=vocab, hidden_size=shape["hidden"], intermediate_size=shape["inter"], num_hidden_layers=layers,
         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"], head_dim=head_dim,
-        tie_word_embeddings=True, max_position_embeddings=len(seq),
+        tie_word_embeddings=True, max_position_embeddings=len(batches[0][0][0]),
     )  # fmt: skip
     path = root / f"{shape['hidden']}x{layers}x{vocab}"
     Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     gc.collect()
-    worker = MemoryWorker(str(path), 1e-6, device=args.device, compute_dtype=args.dtype, max_tokens=len(seq))
-    ids = [(seq % vocab).long()]
-    worker.gradients(ids, [learn])  # warm-up: allocations, first-call dispatch
-    best = timed(lambda w=worker: w.gradients(ids, [learn]), repeat=args.repeat)[0]  # returns a synced float
+    worker = MemoryWorker(str(path), 1e-6, device=args.device, compute_dtype=args.dtype, max_tokens=args.max_tokens)
+    best = []
+    for seqs, learn in batches:
+        ids = [(seq % vocab).long() for seq in seqs]
+        worker.gradients(ids, learn)  # warm-up: allocations, first-call dispatch
+        best.append(timed(lambda w=worker, i=ids, m=learn: w.gradients(i, m), repeat=args.repeat)[0])  # synced
     del worker
     gc.collect()
     return best
@@ -103,25 +111,35 @@ def run(args, root: Path) -> None:
     from calibrl.plan import shape_parameters
 
     torch.set_num_threads(os.cpu_count() or 1)
-    seq = torch.randint(0, 1 << 30, (args.prompt + args.response,), generator=torch.Generator().manual_seed(0))
+    counts = [int(c) for c in args.sequences.split(",")]
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 1 << 30, (args.prompt + args.response,), generator=g) for _ in range(max(counts))]
     learn = torch.tensor([0] * args.prompt + [1] * args.response)
-    total, size = {}, {}
+    batches = [(seqs[:c], [learn] * c) for c in counts]
+    times, size = {}, {}
     for role in ("memory", "policy"):
         shape, vocab, head_dim = _shape(role, args.quick)
-        one, two, full_vocab = (
-            seconds(shape, head_dim, n, v, args, root, seq, learn)
+        times[role] = [
+            seconds(shape, head_dim, n, v, args, root, batches)
             for n, v in ((1, SMALL_VOCAB), (2, SMALL_VOCAB), (1, vocab))
-        )
-        layer, head = two - one, full_vocab - one
-        total[role] = shape["layers"] * layer + head
+        ]
         size[role] = shape_parameters(shape, vocab, head_dim)
-        print(f"{role} ({'quick' if args.quick else ROLES[role]}, {size[role] / 1e6:,.1f}M parameters): layer "
-              f"{layer:.3f} s, head {head:.3f} s; {shape['layers']} x layer + head = {total[role]:.2f} s")  # fmt: skip
-    sizes, time = size["memory"] / size["policy"], total["memory"] / total["policy"]
-    print(f"{len(seq)} tokens ({args.response} learned); best of {args.repeat} after a warm-up; "
-          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(ratio_line("memory update / policy update at equal tokens", time, f"parameters {sizes:.3f}x"))
-    print(f"efficiency on this {args.device} (parameters ratio / time ratio): {sizes / time:.2f}")
+    sizes = size["memory"] / size["policy"]
+    for k, count in enumerate(counts):
+        total = {}
+        for role in ("memory", "policy"):
+            shape = _shape(role, args.quick)[0]
+            one, two, full_vocab = (t[k] for t in times[role])
+            layer, head = two - one, full_vocab - one
+            total[role] = shape["layers"] * layer + head
+            name = "quick" if args.quick else ROLES[role]
+            print(f"{role} ({name}, {size[role] / 1e6:,.1f}M parameters): layer {layer:.3f} s, head {head:.3f} s; "
+                  f"{shape['layers']} x layer + head = {total[role]:.2f} s")  # fmt: skip
+        time = total["memory"] / total["policy"]
+        print(f"{count} x {len(seqs[0])} tokens ({args.response} learned each), micro-batches of at most "
+              f"{args.max_tokens}; best of {args.repeat} after a warm-up; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        print(ratio_line("memory update / policy update at equal tokens", time, f"parameters {sizes:.3f}x"))
+        print(f"efficiency on this {args.device} (parameters ratio / time ratio): {sizes / time:.2f}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make 
         ("rollout_throughput.py", []),
         ("dag_planning.py", []),
         ("memory_update_efficiency.py", []),
+        ("gpu_peak_memory.py", []),
     ],
 )
 def test_benchmark_runs_and_prints_a_ratio(script, extra):
