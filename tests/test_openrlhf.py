@@ -876,3 +876,15 @@ def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monke
     assert torch.allclose(loss_fn(logp, old, adv, action_mask=mask, **totals)[0], normed)
     assert L.aggregate_loss.__wrapped__ is original
     patching.remove_hooks()
+
+
+def test_the_dlc_divergence_check_fails_the_run_past_its_tolerance():
+    """The engines' sampling logprobs against log_softmax(f_theta - mu f_phi): within the tolerance they are logged,
+    past it (or NaN) the step raises, naming the figure and the tolerance."""
+    from calibrl.backends.openrlhf import dlc
+
+    ok = {"check_mean_abs": 0.02, "check_max_abs": 0.3, "check_kl_k1": 1e-4, "check_tokens": 40}
+    assert dlc.checked(ok, 1) == {f"dlc/{k}": float(v) for k, v in ok.items()}
+    for bad in (0.2, float("nan")):
+        with pytest.raises(dlc.DivergenceCheckFailed, match="over the tolerance 0.1"):
+            dlc.checked({**ok, "check_mean_abs": bad}, 7)

@@ -78,6 +78,7 @@ def params(config: dict, shape: str) -> dict:
     grid = config["grid"]
     entry = shapes(config)[shape]
     models = [G.download_params(config, m) for m in G.run_models(config)]
+    P.learn(config)  # the shapes of models the planner's table lacks, from their downloaded folders
     return {
         "shape": shape,
         "nodes": int(entry["nodes"]),

@@ -22,7 +22,8 @@ patched module is imported:
   compute-bound there). Then ``memory.*`` goes to every engine, the memory is saved at every saved step (kept
   while DeepSpeed keeps the policy's state of that step), and ``dlc/memory_loss`` and ``dlc/check_*`` are logged.
 
-The memory's weights travel like the policy's: by CUDA IPC when colocated (``WorkerWrap.update_weight_cuda_ipc``,
+The memory's weights travel like the policy's (OpenRLHF's rule, :func:`_cuda_ipc`): by CUDA IPC when colocated with
+NCCL sync (``WorkerWrap.update_weight_cuda_ipc``,
 the memory's rank on each GPU handing its copy to that GPU's engine), else through a second NCCL group (name
 ``MEMORY_GROUP``) that ``DLCWorkerWrap`` keeps beside OpenRLHF's. Not testable on CPU: this path needs GPUs, NCCL
 and DeepSpeed; ``memory_actor``, ``memory_group`` and ``vllm_dlc`` are tested on CPU.
@@ -73,6 +74,16 @@ TARGETS = (
 )
 MEMORY_GROUP = "calibrl_dlc_memory"
 CHECK_SEQUENCES = 4
+CHECK_TOLERANCE = 0.1
+"""The most the engines' sampling logprobs may differ, on average per token, from ``log_softmax(f_theta - mu f_phi)``
+recomputed by the memory actor: bfloat16 engines give a few 1e-2; 0.1 or more means they sample from another
+distribution (a memory that did not reach them, another mu), and the run fails instead of training on it."""
+
+
+class DivergenceCheckFailed(RuntimeError):
+    """The engines do not sample from the DLC composite the run trains."""
+
+
 TAG = "dlc"
 
 
@@ -83,13 +94,20 @@ def install(memory_path: str, mu: float, lr: float, layout: dict) -> None:
         raise ValueError(f"DLC needs mu > 0 and a memory learning rate > 0, got {mu}, {lr}")
     place = {
         "colocated": bool(layout["colocate_all"]),
-        "gpus": int(layout.get("memory_gpus", 1)),
-        "max_tokens": int(layout.get("max_tokens_per_gpu", 16192)),
+        "gpus": int(layout["memory_gpus"]),  # the schema fills every layout key's default
+        "max_tokens": int(layout["max_tokens_per_gpu"]),
     }
     when_imported(ENGINE, functools.partial(patch_engines, memory_path=memory_path, mu=mu))
     when_imported(GENERATOR, patch_generator)
     when_imported(LAUNCHER, patch_launcher)
     when_imported(TRAINER, functools.partial(patch_trainer, memory_path=memory_path, mu=mu, lr=lr, place=place))
+
+
+def install_driver() -> None:
+    """The driver's part: OpenRLHF builds its actor groups in the driver (``cli/train_ppo_ray.py``) and pickles them
+    into the trainer actor, so the shared placement group is recorded there (Ray's setup hook never runs in the
+    driver)."""
+    when_imported(LAUNCHER, patch_launcher)
 
 
 # -------------------------------------------------------------------------------------------- engines
@@ -259,13 +277,20 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float, place: di
                 f"restart from its initial weights. Move the run aside to retrain it, or restore that folder."
             )
         log.info("DLC memory resumed from %s (%d memory steps)", state, first(memory.load(str(state))))
-    if not place["colocated"]:
+    if not _cuda_ipc(self):
         ray.get(memory.init_broadcast(self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
     if self.args.vllm.enable_sleep:  # engines start asleep (create_vllm_engines); weights must be resident
         from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 
         batch_vllm_engine_call(self.vllm_engines, "wake_up", tags=["weights"])
-    ray.get(memory.broadcast(self.vllm_engines, place["colocated"]))
+    ray.get(memory.broadcast(self.vllm_engines, _cuda_ipc(self)))
+
+
+def _cuda_ipc(self) -> bool:
+    """Whether the memory's weights go to the engines by CUDA IPC: exactly when the policy's do, by OpenRLHF's own
+    rule (``PolicyModelActor``, ppo_actor.py L101: NCCL sync, colocated, not async); else the broadcast group."""
+    args = self.args
+    return args.vllm.sync_backend == "nccl" and args.train.colocate_all and not args.train.async_enable
 
 
 def _rollout_policy(self, global_step: int) -> str | None:
@@ -290,6 +315,23 @@ def _memory_submit(self, global_step: int, mu: float) -> dict:
     return {"samples": len(triples), "check": check, "step": step}
 
 
+def checked(stats: dict, step: int) -> dict:
+    """The divergence check's statistics (``vllm_dlc.divergence``) as ``dlc/check_*`` metrics; raises
+    :class:`DivergenceCheckFailed` when their mean exceeds :data:`CHECK_TOLERANCE`."""
+    out = {f"dlc/{k}": float(v) for k, v in stats.items()}
+    mean, most = out["dlc/check_mean_abs"], out["dlc/check_max_abs"]
+    log.info("DLC divergence check at step %d: mean |dlogp| %.4g, max %.4g (tolerance %g)", step, mean, most,
+             CHECK_TOLERANCE)  # fmt: skip
+    if not mean <= CHECK_TOLERANCE:  # NaN fails too
+        raise DivergenceCheckFailed(
+            f"DLC at step {step}: the engines' sampling logprobs differ from log_softmax(f_theta - mu f_phi) by "
+            f"{mean:.4g} per token on average (max {most:.4g}), over the tolerance {CHECK_TOLERANCE}: the engines "
+            "sample from another distribution than the one trained (memory weights not synced to them, another mu, "
+            "another policy checkpoint)"
+        )
+    return out
+
+
 def _memory_finish(self, pending: dict, new_step: int, colocated: bool) -> dict:
     import ray
 
@@ -298,9 +340,9 @@ def _memory_finish(self, pending: dict, new_step: int, colocated: bool) -> dict:
     memory = self._calibrl_memory
     out = {"dlc/memory_samples": float(pending["samples"])}
     if pending["check"] is not None:
-        out.update({f"dlc/{k}": float(v) for k, v in first(pending["check"]).items()})
+        out.update(checked(first(pending["check"]), new_step))
     out["dlc/memory_loss"] = first(pending["step"])
-    ray.get(memory.broadcast(self.vllm_engines, colocated))
+    ray.get(memory.broadcast(self.vllm_engines, _cuda_ipc(self)))
     if new_step % self.args.ckpt.save_steps == 0:  # before the policy's save of the same step (fit's order)
         ray.get(memory.save(str(_memory_dir(self, new_step))))
         _prune_memory(self, new_step)

@@ -4,8 +4,10 @@ The launcher starts Ray with :func:`setup` as every worker's setup hook and one 
 the path of the run's ``settings.json``; :func:`patches` reads the run's compiled method from it and returns what
 to install: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``) always, IAC
 when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for ``loss_agg: seq-mean-token-sum-norm``
-(``loss_norm``), DLC when mu > 0 (``dlc``). The launcher checks every target of those patches against the
-installed OpenRLHF and DeepSpeed before Ray starts (:func:`check`).
+(``loss_norm``), DLC when mu > 0 (``dlc``), and on a CPU rehearsal the CUDA stand-ins (``cpu_standins``). A
+patch that must also act in the driver (DLC's record of the shared placement group; the stand-ins) has a driver
+side, which the launcher installs in its own process (:func:`install_driver`). The launcher checks every target of
+those patches against the installed OpenRLHF and DeepSpeed before Ray starts (:func:`check`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrl.backends.openrlhf import dlc, fused_adam, iac, loss_norm, steps
+from calibrl.backends.openrlhf import cpu_standins, dlc, fused_adam, iac, loss_norm, rehearsal_faults, steps
 from calibrl.backends.openrlhf.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
@@ -29,9 +31,14 @@ SETUP_HOOK = f"{__name__}.setup"
 
 @dataclass(frozen=True)
 class Patch:
+    """``install`` runs in every Ray worker (the setup hook); ``driver``, where the patch must also act in the
+    driver process, runs there (``launch.main``): Ray never runs the setup hook in the driver, and OpenRLHF builds
+    its actor groups there (``cli/train_ppo_ray.py``) and pickles them into the trainer actor."""
+
     name: str
     targets: tuple[Target, ...]
     install: Callable[[], None]
+    driver: Callable[[], None] | None = None
 
 
 def patches(settings_path: str | Path) -> list[Patch]:
@@ -54,7 +61,14 @@ def patches(settings_path: str | Path) -> list[Patch]:
     if spec.uses_dlc:
         memory = stamp["paths"]["memory"]
         install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, stamp["resources"])
-        out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install))
+        out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install, dlc.install_driver))
+    if cpu_standins.enabled(stamp):
+        targets = tuple(s.target for s in cpu_standins.STANDINS)
+        out.append(Patch("CPU rehearsal's CUDA stand-ins", targets, cpu_standins.install_worker,
+                         cpu_standins.install_driver))  # fmt: skip
+        if os.environ.get(rehearsal_faults.ENV):
+            install = functools.partial(rehearsal_faults.install, run_dir, stamp["settings"]["run"])
+            out.append(Patch("rehearsal faults", rehearsal_faults.TARGETS, install))
     return out
 
 
@@ -66,6 +80,16 @@ def check(settings_path: str | Path) -> list[str]:
         for target in patch.targets:
             target.check()
     return [p.name for p in found]
+
+
+def install_driver(settings_path: str | Path) -> list[str]:
+    """Install in this (the driver's) process the driver side of the run's patches; returns their names."""
+    done = []
+    for patch in patches(settings_path):
+        if patch.driver is not None:
+            patch.driver()
+            done.append(patch.name)
+    return done
 
 
 def setup() -> None:

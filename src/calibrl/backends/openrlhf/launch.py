@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from calibrl import offline
-from calibrl.backends.openrlhf import hook, resume, steps
+from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
 from calibrl.backends.openrlhf.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
@@ -84,7 +84,9 @@ def write_markers(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int,
 # --------------------------------------------------------------------------------------------- launch
 def runtime_env(settings_path: str | Path) -> dict:
     """Ray's runtime environment: the setup hook and the one variable that names the run's settings (plus what
-    ``train_ppo_ray.train()`` would have set, and the grading and Hub knobs of this job's environment)."""
+    ``train_ppo_ray.train()`` would have set, and the grading and Hub knobs of this job's environment: the reward
+    file's pool size ``CALIBRL_REWARD_WORKERS``, which the training job sets from ``grid.workers``, reaches every
+    rollout actor from here; ``reward.py`` refuses to load without it)."""
     src = str(Path(__file__).resolve().parents[3])  # the directory that holds the calibrl package
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {
@@ -98,17 +100,22 @@ def runtime_env(settings_path: str | Path) -> dict:
     for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", *offline.ENV):
         if name in os.environ:
             env[name] = os.environ[name]
+    if os.environ.get(rehearsal_faults.ENV):  # the rehearsal's faults kill this process (launch.main checks)
+        env[rehearsal_faults.ENV] = os.environ[rehearsal_faults.ENV]
+        env[rehearsal_faults.DRIVER_ENV] = str(os.getpid())
     return {"worker_process_setup_hook": hook.SETUP_HOOK, "env_vars": env}
 
 
 def openrlhf_argv(settings_path: str | Path) -> list[str]:
-    """OpenRLHF's argv for the run of ``settings_path``, with the prompt file beside it."""
+    """OpenRLHF's argv for the run of ``settings_path``, with the prompt file beside it (on a CPU rehearsal, less
+    what the CPU cannot do: ``cpu_standins.cpu_argv``)."""
     run_dir = Path(settings_path).parent
     stamp = json.loads(Path(settings_path).read_text())
     prompts = run_dir / PROMPTS
     with open(prompts, encoding="utf-8") as fh:
         rows = sum(1 for line in fh if line.strip())
-    return build_command(stamp, run_dir, prompts, rows)
+    argv = build_command(stamp, run_dir, prompts, rows)
+    return cpu_standins.cpu_argv(argv) if cpu_standins.enabled(stamp) else argv
 
 
 FINAL_SAVE = Target("openrlhf.trainer.ray.launcher", "RayActorGroup.async_save_model")
@@ -141,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"STOP_AT {stop_at} must be a checkpoint step (eval_every {eval_every}) <= {steps_total}")
     rest = openrlhf_argv(settings_path)
     check_openrlhf_argv(rest)  # a typo fails here, not after the GPUs are allocated
+    if os.environ.get(rehearsal_faults.ENV) and not cpu_standins.enabled(json.loads(settings_path.read_text())):
+        raise ValueError(f"{rehearsal_faults.ENV} is set: faults are injected only into a CPU rehearsal's runs")
     log.info("patches: %s", ", ".join(hook.check(settings_path)))
     run_dir = settings_path.parent
     ckpt_dir = run_dir / "ckpt" / "openrlhf"
@@ -155,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
     steps.write_segment(run_dir, stop_at)
     skip_final_save()
+    driver = hook.install_driver(settings_path)  # Ray's setup hook never runs in this process
+    log.info("patches in the driver: %s", ", ".join(driver) or "none")
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
     try:
         saved = sys.argv

