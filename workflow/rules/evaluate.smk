@@ -14,7 +14,7 @@ rule evaluate:
         trained=ancient(trained_checkpoint),
         splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
         settings=run_settings,
-        preflight=preflight_gate(lambda w: run_outputs(run_of(w), f"eval/step_{w.step}.json"), lambda w: ENGINE_REQUEST),
+        preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
         res("runs/{model}/{method}/s{seed}/eval/step_{step}.json"),
     params:
@@ -40,7 +40,7 @@ rule evaluate_base:
     input:
         model=lambda w: res(BACKEND.model_file(w.model)),
         splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
-        preflight=preflight_gate(lambda w: res(f"runs/{w.model}/base/s{w.seed}/eval/step_0.json"), lambda w: ENGINE_REQUEST),
+        preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
         res("runs/{model}/base/s{seed}/eval/step_0.json"),
     params:

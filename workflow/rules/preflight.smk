@@ -4,9 +4,9 @@
 # worker extension, sleep mode, TP and DLC's composite for training shapes, the evaluator's for evaluation; Ray
 # across the nodes with GPU actors and an NCCL all-reduce between them, the locked models, disk and quotas, the run
 # lock) and fails in minutes, naming each cause and its fix. Its params are PF.params: the slice of the config those
-# checks read (the engines are derived from the grid's layouts). A GPU job waits for its shape's preflight only
-# while its own output is missing: a finished job never reruns because a preflight ran again (`--forcerun
-# preflight` re-checks a site).
+# checks read (the engines are derived from the grid's layouts). Every GPU job has its shape's preflight as an
+# ancient input (common.smk, preflight_gate): a finished job never reruns because a preflight ran again
+# (`--forcerun preflight` re-checks a site).
 
 rule preflight:
     input:

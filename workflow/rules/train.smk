@@ -54,7 +54,7 @@ rule train:
         unpack(run_inputs),
         settings=run_settings,
         previous=previous_segment,
-        preflight=preflight_gate(lambda w: segment_marker(run_of(w), w.end), train_request),
+        preflight=preflight_gate(train_request),
     output:
         res("runs/{model}/{method}/s{seed}/ckpt/segment_{end}.done"),
     params:
@@ -95,7 +95,7 @@ rule train_metrics:
 rule rank_train:
     input:
         train=res("data/train.jsonl"),
-        preflight=preflight_gate(lambda w: res(f"models/{w.model}/train_success.json"), lambda w: ENGINE_REQUEST),
+        preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
         res("models/{model}/train_success.json"),
     params:
