@@ -98,5 +98,17 @@ def setup() -> None:
     path = os.environ.get(ENV)
     if not path:
         return
+    _log_to_stderr()
     for patch in patches(path):
         patch.install()
+
+
+def _log_to_stderr() -> None:
+    """The patches' INFO lines (a resumed DLC memory, the step limit, the divergence check) on this worker's stderr,
+    which Ray forwards to the job's log; Python's default shows warnings only."""
+    logger = logging.getLogger("calibrl")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import runpy
+import shlex
 import sys
 from pathlib import Path
 
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     driver = hook.install_driver(settings_path)  # Ray's setup hook never runs in this process
     log.info("patches in the driver: %s", ", ".join(driver) or "none")
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
+    log.info("python -m openrlhf.cli.train_ppo_ray %s", shlex.join(rest))
     try:
         saved = sys.argv
         sys.argv = ["train_ppo_ray", *rest]
