@@ -216,3 +216,15 @@ def test_grade_objects_are_what_split_metrics_reads():
         "response_length": 4.5,
         "per_problem": {"correct": [2], "distinct": [2]},  # what the claims' per-seed quantities come from
     }
+
+
+def test_the_evaluation_engine_fits_the_longest_benchmark_prompt(tmp_path):
+    """A benchmark problem longer than grid.train.max_prompt_len is evaluated whole: the engine's context grows to
+    it (vLLM refuses a whole batch for one prompt over max_model_len; the rehearsal's OlympiadBench rows did)."""
+    from calibrl.evaluate.vllm import Item, context_length
+
+    tok = _chat_tokenizer()
+    tok.save_pretrained(tmp_path)
+    items = [Item("x", {"id": "a"}, "1 + 1 ="), Item("x", {"id": "b"}, "2" * 300)]
+    assert context_length(items, str(tmp_path), 512, 16) == 512 + 16
+    assert context_length(items, str(tmp_path), 100, 16) == 300 + 16

@@ -289,15 +289,28 @@ def tokenizer_for(policy_dir: str, chat_template: bool):
     return AutoTokenizer.from_pretrained(policy_dir)
 
 
+def context_length(items: list[Item], model_dir: str, max_prompt_len: int, max_new_tokens: int) -> int:
+    """The engine's ``max_model_len``: ``max_prompt_len`` + ``max_new_tokens``, or the longest prompt's tokens +
+    ``max_new_tokens`` where a prompt is longer. Benchmark problems are evaluated whole (never cut), and vLLM refuses
+    a whole batch for one prompt over the context."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    longest = max(len(ids) for ids in tokenizer([i.prompt for i in items], add_special_tokens=False)["input_ids"])
+    if longest > max_prompt_len:
+        log.info("the longest prompt has %d tokens, over grid.train.max_prompt_len (%d): the engine's context is %d",
+                 longest, max_prompt_len, longest + max_new_tokens)  # fmt: skip
+    return max(longest, int(max_prompt_len)) + int(max_new_tokens)
+
+
 def evaluate_checkpoint(policy_dir: str, splits: dict[str, list[dict]], grade: Callable, settings) -> dict:
     """All splits of one checkpoint in one vLLM engine (``settings``: ``calibrl.spec.EvalSettings``);
     ``grade(responses, records) -> list[Grade]``."""
     offline.apply()  # checkpoints are local folders; compute nodes are offline
     s = settings
     items = queue(splits, s.template, tokenizer_for(policy_dir, s.chat_template), s.enable_thinking)
-    engine = engine_kwargs(
-        policy_dir, s.seed, s.tensor_parallel_size, s.max_prompt_len + s.max_new_tokens, s.dtype, s.enforce_eager
-    )
+    context = context_length(items, policy_dir, s.max_prompt_len, s.max_new_tokens)
+    engine = engine_kwargs(policy_dir, s.seed, s.tensor_parallel_size, context, s.dtype, s.enforce_eager)
     sampling = sampling_kwargs(s.n, s.temperature, s.top_p, s.max_new_tokens, s.top_k)
     outputs, grades = generate_and_grade(
         items, grade, sampling, engine, s.seed, s.data_parallel_size, what="evaluation prompts"
@@ -327,7 +340,7 @@ def rank_queries(params: dict, records: list[dict], grade: Callable, partial: st
         p["model"],
         p["seed"],
         int(p["tensor_parallel_size"]),
-        int(p["max_prompt_len"]) + int(p["max_new_tokens"]),
+        context_length(items, p["model"], int(p["max_prompt_len"]), int(p["max_new_tokens"])),
         p["dtype"],
         bool(p["enforce_eager"]),
     )
