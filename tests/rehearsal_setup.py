@@ -63,7 +63,7 @@ def model(tok, hidden: int, layers: int, heads: int, seed: int):
         num_attention_heads=heads,
         num_key_value_heads=1,
         head_dim=64,
-        max_position_embeddings=1024,
+        max_position_embeddings=4096,  # the longest benchmark prompt + response, byte tokens
         tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
