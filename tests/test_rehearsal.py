@@ -262,9 +262,9 @@ def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path
     run_dir.mkdir(parents=True)
     for name in ("settings.json", "train_prompts.jsonl"):
         shutil.copy(src / name, run_dir / name)
-    driver = (
-        "import sys; from calibrl.backends.openrlhf import hook, launch; "
-        "hook.install_driver = lambda path: []; sys.exit(launch.main(sys.argv[1:]))"
+    driver = (  # the DLC patch's driver side removed, nothing else (the stand-ins' driver side stays)
+        "import sys; from calibrl.backends.openrlhf import dlc, launch; "
+        "dlc.install_driver = lambda: None; sys.exit(launch.main(sys.argv[1:]))"
     )
     python = VLLM_VENV / "bin" / "python"
     script = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
