@@ -376,7 +376,9 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
     # installing DLC (the setup hook does for a DLC run) registers the patches, applied once OpenRLHF is
     # imported, with the memory's folder, mu, learning rate and placement (from the run's layout) bound
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    openrlhf_dlc.install("/ckpt/memory", 0.5, 1e-6, {"colocate_all": True, "max_tokens_per_gpu": 9216})
+    openrlhf_dlc.install(
+        "/ckpt/memory", 0.5, 1e-6, {"colocate_all": True, "memory_gpus": 1, "max_tokens_per_gpu": 9216}
+    )
     hook = next(f for f in sys.meta_path if isinstance(f, patching._ImportHook))
     trainer = hook.callbacks["openrlhf.trainer.ppo_trainer"]
     assert [c.func for c in trainer] == [openrlhf_dlc.patch_trainer] and trainer[0].keywords["lr"] == 1e-6
