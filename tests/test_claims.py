@@ -23,13 +23,32 @@ def test_holm_matches_hand_computed_values():
     assert out[0] == pytest.approx(0.5) and np.isnan(out[1]) and out[2] == pytest.approx(0.002)
 
 
-def test_verdicts_are_four_way():
+def test_verdicts_are_five_way():
     assert S.verdict(2.0, 0.01) == "holds"
+    assert S.verdict(2.0, 0.01, p_equiv=0.3) == "holds"
     assert S.verdict(-2.0, 0.01) == "contradicted"
     assert S.verdict(-2.0, 0.01, direction=-1) == "holds"
+    # different from zero and equivalent within the margin: an effect below what matters, either way
+    assert S.verdict(0.5, 0.01, p_equiv=0.01) == "negligible"
+    assert S.verdict(-0.5, 0.01, p_equiv=0.01) == "negligible"
     assert S.verdict(0.1, 0.6, p_equiv=0.01) == "absent"
     assert S.verdict(2.0, 0.2, p_equiv=0.3) == "inconclusive"
     assert S.verdict(2.0, float("nan")) == "inconclusive"
+    assert set(S.VERDICTS) == {"holds", "contradicted", "negligible", "absent", "inconclusive"}
+
+
+def test_decide_adjusts_over_the_family_and_leaves_missing_claims_undecided():
+    rng = np.random.default_rng(0)
+    big = 5.0 + rng.normal(0, 1, 16)  # far above a margin of 1
+    tiny = 0.3 + rng.normal(0, 0.2, 16)  # clearly above zero, clearly inside +-1
+    none = rng.normal(0, 0.2, 16)
+    none -= none.mean()  # no difference at all
+    d = S.decide([big, tiny, none, None], [1.0] * 4, [1, 1, -1, 1])
+    assert d.verdicts == ["holds", "negligible", "absent", "inconclusive"]
+    alone = [S.paired(x, 1.0) for x in (big, tiny, none)]
+    assert d.p_holm[:3] == pytest.approx(S.holm([e.p for e in alone]))
+    assert d.p_equiv_holm[:3] == pytest.approx(S.holm([e.p_equiv for e in alone]))
+    assert d.estimates[3] is None and np.isnan(d.p_holm[3])
 
 
 def test_paired_t_and_tost_match_scipy():

@@ -69,7 +69,7 @@ def test_micro_grid_end_to_end(finished):
     # the plan's primary claims, then every claim of Tables 2-5, Figure 6 and the toy, each with its verdict
     claims = pd.read_csv(res / "claims.csv")
     assert {"claim", "role", "estimate", "ci_low", "ci_high", "seeds", "verdict", "plan_sha256"} <= set(claims.columns)
-    assert set(claims["verdict"]) <= {"holds", "contradicted", "absent", "inconclusive"}
+    assert set(claims["verdict"]) <= {"holds", "contradicted", "negligible", "absent", "inconclusive"}
     assert set(claims["source"]) >= {".test/plan.yaml", "table2/3/5 (alpha 1 vs 0)", "table4", "table5", "toy"}
     assert (
         claims["plan_sha256"] == hashlib.sha256((workflow_dir / ".test" / "plan.yaml").read_bytes()).hexdigest()

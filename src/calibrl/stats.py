@@ -1,4 +1,4 @@
-"""Paired tests on per-seed differences, equivalence (TOST), Holm, four-way verdicts.
+"""Paired tests on per-seed differences, equivalence (TOST), Holm, five-way verdicts: the decision function.
 
 Design (fixed before the data, ``calibrl.analysis_plan``):
 - The unit of replication is the training seed. Every arm of a comparison is trained with the same seeds (same
@@ -12,8 +12,12 @@ Design (fixed before the data, ``calibrl.analysis_plan``):
   difference has the same sign, 1 when all are zero): a zero standard error is never p = 0.
 - Equivalence: two one-sided t tests (TOST) against +-margin; the larger p is the equivalence p-value.
 - Holm's step-down over a family (the plan's primary claims), separately for the difference and the
-  equivalence p-values. Verdicts: ``holds`` (difference significant in the claimed direction), ``contradicted``
-  (significant the other way), ``absent`` (not different, and equivalent within the margin), ``inconclusive``.
+  equivalence p-values. Verdicts (Lakens' four outcomes of the two tests, the first split by direction):
+  ``holds`` (different from zero in the claimed direction and not shown smaller than the margin),
+  ``contradicted`` (the same, the other way), ``negligible`` (different from zero, yet equivalent within the
+  margin: an effect smaller than the plan's smallest effect of interest, in either direction), ``absent`` (not
+  different, and equivalent within the margin), ``inconclusive`` (neither test decides).
+- :func:`decide` is the whole decision function over a family; ``tests/test_calibration.py`` calibrates it.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special
 from scipy import stats as st
 
 LEVEL = 0.05  # family-wise error rate of the verdicts (Holm)
-VERDICTS = ("holds", "contradicted", "absent", "inconclusive")
+VERDICTS = ("holds", "contradicted", "negligible", "absent", "inconclusive")
 EXACT_UP_TO = 16  # seeds up to which the sign-flip test enumerates every flip (2^16); Monte Carlo beyond
 
 
@@ -83,11 +88,15 @@ def paired(d: np.ndarray, margin: float = float("nan"), level: float = LEVEL) ->
     if s < 2:
         return Estimate(est, float("nan"), float("nan"), float("nan"), float("nan"), s, margin=margin)
     se = float(d.std(ddof=1) / np.sqrt(s))
-    t = st.t(df=s - 1)
-    half = float(t.ppf(1 - level / 2) * se)
+    df = s - 1  # Student's t through scipy.special's ufuncs: the same values as scipy.stats.t, 100x faster
+    half = float(special.stdtrit(df, 1 - level / 2) * se)
     if se > 0:
-        p = float(2 * t.sf(abs(est) / se))
-        p_eq = float(max(t.sf((est + margin) / se), t.cdf((est - margin) / se))) if np.isfinite(margin) else np.nan
+        p = float(2 * special.stdtr(df, -abs(est) / se))
+        p_eq = (
+            float(max(special.stdtr(df, -(est + margin) / se), special.stdtr(df, (est - margin) / se)))
+            if np.isfinite(margin)
+            else np.nan
+        )
     else:  # no variance: the exact sign-flip test; for equivalence, the one-sided sign tests (every d inside)
         p = signflip_p(d)
         p_eq = (0.5**s if abs(est) < margin else 1.0) if np.isfinite(margin) else float("nan")  # sign test
@@ -108,13 +117,41 @@ def holm(pvalues: list[float]) -> list[float]:
 
 
 def verdict(estimate: float, p: float, p_equiv: float = float("nan"), direction: int = 1, level: float = LEVEL) -> str:
-    """holds / contradicted / absent / inconclusive for a claim that the estimate has the sign ``direction``,
-    from the (adjusted) difference p-value and equivalence p-value."""
-    if np.isfinite(p) and p < level:
+    """One of :data:`VERDICTS` for a claim that the estimate has the sign ``direction``, from the (adjusted)
+    difference p-value and equivalence p-value."""
+    different = bool(np.isfinite(p) and p < level)
+    equivalent = bool(np.isfinite(p_equiv) and p_equiv < level)
+    if different and equivalent:
+        return "negligible"
+    if different:
         return "holds" if estimate * direction > 0 else "contradicted"
-    if np.isfinite(p_equiv) and p_equiv < level:
-        return "absent"
-    return "inconclusive"
+    return "absent" if equivalent else "inconclusive"
+
+
+@dataclass
+class Decision:
+    """A family's decisions, one entry per claim (``None`` where a claim has no data: ``inconclusive``)."""
+
+    estimates: list[Estimate | None]
+    p_holm: list[float]
+    p_equiv_holm: list[float]
+    verdicts: list[str]
+
+
+def decide(
+    diffs: list[np.ndarray | None], margins: list[float], directions: list[int], level: float = LEVEL
+) -> Decision:
+    """The decision function over a family of claims: each claim's paired test and TOST on its per-seed
+    differences, Holm over the family for each, then the verdicts."""
+    estimates = [None if d is None else paired(d, m, level) for d, m in zip(diffs, margins)]
+    nan = float("nan")
+    p_holm = holm([nan if e is None else e.p for e in estimates])
+    p_eq_holm = holm([nan if e is None else e.p_equiv for e in estimates])
+    verdicts = [
+        verdict(nan if e is None else e.estimate, p, q, direction, level)
+        for e, p, q, direction in zip(estimates, p_holm, p_eq_holm, directions)
+    ]
+    return Decision(estimates, p_holm, p_eq_holm, verdicts)
 
 
 def power(sd: float, effect: float, seeds: int, level: float = LEVEL) -> float:

@@ -1,7 +1,7 @@
 """The claims: the plan's primary claims, decided, and the paper's other orderings, reported as exploratory.
 
 Primary claims come from the pre-registered plan (``calibrl.analysis_plan``): each a paired t test (and TOST
-against its margin) on the per-seed differences of its quantity, Holm over the primaries only, a four-way verdict
+against its margin) on the per-seed differences of its quantity, Holm over the primaries only, a five-way verdict
 (``calibrl.stats``). Every other ordering the paper states about Tables 2-5 and Figure 6 is **exploratory**: the
 same paired test at the unadjusted level, labelled so; a claim that one arm is the best of several is an
 intersection-union test over its pairwise differences (the arm minus the max of the others is biased under the
@@ -185,28 +185,30 @@ def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = f
 
 
 def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
-    """The plan's primary claims on ``model``, Holm over them (difference and equivalence p-values alike)."""
-    rows = []
+    """The plan's primary claims on ``model``, decided together (``calibrl.stats.decide``: Holm over them for the
+    difference and the equivalence p-values alike, five-way verdicts)."""
+    rows, diffs = [], []
     for c in plan.primaries:
         q = problem_quantity(pp, c.metric, c.checkpoints)
         sample = sample_of(q, model, c.arms, plan.seeds)
         quantity = f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s), paired t on seeds"
         missing = len(plan.seeds) - (sample.n_seeds if sample else 0)
         if sample is None or missing:
+            diffs.append(None)
             note = f"{missing} of the plan's {len(plan.seeds)} seeds missing: not decided"
             rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, None, note))
             continue
-        d = (sample.per_seed(c.arms[0]) - sample.per_seed(c.arms[1])) * c.scale
-        e = S.paired(d, c.margin, plan.level)
-        rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, e, f"margin +-{c.margin:g} {c.unit}"))
+        diffs.append((sample.per_seed(c.arms[0]) - sample.per_seed(c.arms[1])) * c.scale)
+        rows.append({"claim": f"{c.id}: {c.claim}", "role": "primary", "source": plan.path, "quantity": quantity})
+    decision = S.decide(diffs, [c.margin for c in plan.primaries], [c.direction for c in plan.primaries], plan.level)
+    for row, e, c in zip(rows, decision.estimates, plan.primaries):
+        if e is not None:
+            row.update(_row(row["claim"], "primary", plan.path, row["quantity"], e, f"margin +-{c.margin:g} {c.unit}"))
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    frame["p_holm"] = S.holm(frame["p"].astype(float).tolist())
-    frame["p_equiv_holm"] = S.holm(frame["p_equiv"].astype(float).tolist())
-    frame["verdict"] = [
-        S.verdict(e, p, q, c.direction, plan.level)
-        for e, p, q, c in zip(frame["estimate"], frame["p_holm"], frame["p_equiv_holm"], plan.primaries)
-    ]
-    small = (frame["verdict"].isin(["holds", "contradicted"]) & (frame["p_equiv_holm"] < plan.level)).to_numpy()
+    frame["p_holm"] = decision.p_holm
+    frame["p_equiv_holm"] = decision.p_equiv_holm
+    frame["verdict"] = decision.verdicts
+    small = (frame["verdict"] == "negligible").to_numpy()
     frame.loc[small, "note"] += "; different from zero, yet inside the margin: smaller than the plan's smallest effect"
     return frame
 
