@@ -116,8 +116,14 @@ def test_the_plan_refuses_design_seeds_and_other_plans_results(tmp_path):
         AP.check_config(plan, grid)
 
 
+# the base model's two correct modes per problem; a run's mode "3*5" falls below it on a share of the problems
+BASE_MODES = {"3*5": -1.0, "3+12": -2.0}
+SUPPRESSED = {"grpo": 0.6, "iac": 0.2, "filter": 0.6}
+
+
 def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int = 8) -> list[str]:
-    """Evaluation files with per-problem results: method m solves problems at rate 0.4 + effects[m] + seed noise."""
+    """Evaluation files with per-problem results: method m solves problems at rate 0.4 + effects[m] + seed noise,
+    and on a share SUPPRESSED[m] of the problems one correct mode is less likely than under the base model."""
     rng = np.random.default_rng(0)
     paths = []
     for method, effect in effects.items():
@@ -127,11 +133,13 @@ def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int =
                 splits = {}
                 for split, size in (("test", 60), ("ood", 40)):
                     correct = rng.binomial(n, np.clip(0.4 + effect + u, 0, 1), size).tolist()
+                    fell = rng.random(size) < SUPPRESSED[method]
+                    modes = [{**BASE_MODES, "3*5": -1.5 if f else -0.5} for f in fell]
                     splits[split] = {
                         "avg_at_8": float(np.mean(correct)) / n,
                         "pass_at_8": 0.0,
                         "n_samples": n,
-                        "per_problem": {"correct": correct, "distinct": [min(c, 2) for c in correct]},
+                        "per_problem": {"correct": correct, "distinct": [min(c, 2) for c in correct], "modes": modes},
                     }
                 path = res / "runs" / "m" / method / f"s{seed}" / "eval" / f"step_{step}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +156,8 @@ def base_files(res: Path, seeds: int, distinct: int, n: int = 8) -> list[str]:
         splits = {}
         for split, size in (("test", 60), ("ood", 40)):
             correct = rng.binomial(n, 0.4, size).tolist()
-            splits[split] = {"n_samples": n, "per_problem": {"correct": correct, "distinct": [distinct] * size}}
+            per = {"correct": correct, "distinct": [distinct] * size, "modes": [BASE_MODES] * size}
+            splits[split] = {"n_samples": n, "per_problem": per}
         path = res / "runs" / "m" / "base" / f"s{seed}" / "eval" / "step_0.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"step": 0, "splits": splits}))
@@ -161,7 +170,7 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
 
     grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
             "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac", "filter"],
-                       "figure6": []}}  # fmt: skip
+                       "figure6": []}, "data": {"source": "countdown"}}  # fmt: skip
     paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=6)
     paths += base_files(tmp_path, 6, distinct=3)  # every run has at most 2: below the base by > 1 answer
     pp = load_per_problem(paths, tmp_path)
@@ -182,6 +191,11 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
     assert by.loc["IAC above filtering (AVG@8)", "role"] == "exploratory"
     assert by.loc["IAC above filtering (AVG@8)", "verdict"] == "holds"
     assert np.isnan(by.loc["IAC above filtering (AVG@8)", "p_holm"])
+    # Definition 2.1 from the measured modes: GRPO over-sharpens on ~60% of the problems, IAC on ~20%
+    grpo_over = by.loc[[c for c in by.index if c.startswith("GRPO over-sharpens")][0]]
+    assert grpo_over["verdict"] == "holds" and 50 < grpo_over["estimate"] < 70, grpo_over
+    less = by.loc[[c for c in by.index if c.startswith("IAC over-sharpens less than GRPO")][0]]
+    assert less["verdict"] == "holds" and 30 < less["estimate"] < 50, less
     # a missing planned seed leaves every primary undecided
     fewer = C.grid_claims(pp[pp["seed"] != 5], pd.DataFrame(), grid, plan).set_index("claim")
     assert (fewer.loc[[f"{c.id}: {c.claim}" for c in plan.primaries], "verdict"] == "inconclusive").all()

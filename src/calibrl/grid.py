@@ -225,7 +225,9 @@ def eval_params(config: dict) -> dict:
         tensor_parallel_size=ev["tensor_parallel_size"],
         data_parallel_size=ev["data_parallel_size"],
     )
-    return {"settings": settings.to_dict(), "on_error": grid["data"]["on_error"]}
+    # Definition 2.1's measurement where the task lists every correct mode and the evaluator can teacher-force
+    modes = grid["data"]["source"] == "countdown" and evaluate.measures_modes(grid["evaluator"])
+    return {"settings": settings.to_dict(), "on_error": grid["data"]["on_error"], "modes": modes}
 
 
 def model_path(config: dict, model: str) -> str:

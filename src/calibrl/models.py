@@ -151,3 +151,23 @@ def load(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.eval(), tokenizer
+
+
+def encode_examples(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.Tensor, ...]:
+    """Left-padded ``<bos> prompt answer <eos>`` rows, their attention mask and answer-only labels."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for prompt, answer in zip(prompts, answers):
+        p = [tokenizer.bos_token_id] + tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+        rows.append((p, a))
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, a) in enumerate(rows):
+        seq = p + a
+        ids[i, width - len(seq) :] = torch.tensor(seq)
+        mask[i, width - len(seq) :] = True
+        labels[i, width - len(a) :] = torch.tensor(a)
+    return ids, mask, labels

@@ -21,8 +21,9 @@ from calibrl.spec import EvalSettings
 
 log = logging.getLogger("calibrl.evaluate")
 
-# Per evaluator: the grid.eval keys it never reads (set, they are refused), whether its engines take GPUs, and the
-# conda environment of its jobs (``--sdm conda``, relative to the workflow's rules).
+# Per evaluator: the grid.eval keys it never reads (set, they are refused), whether its engines take GPUs, the
+# conda environment of its jobs (``--sdm conda``, relative to the workflow's rules), and whether its jobs also
+# measure each correct mode's probability (``calibrl.modes``, Definition 2.1) on tasks that list their modes.
 EVALUATORS = {
     "local": {
         "ignored": {
@@ -31,11 +32,13 @@ EVALUATORS = {
         },
         "gpus": False,
         "env": "../../envs/local.yaml",
+        "modes": True,  # the checkpoint is a model of calibrl.models, teacher-forced on CPU
     },
     "vllm": {
         "ignored": {},
         "gpus": True,
         "env": "../../envs/cluster-eval.yaml",
+        "modes": False,
     },
 }
 
@@ -50,6 +53,10 @@ def ignored(name: str) -> dict[str, str]:
 
 def env(name: str) -> str:
     return EVALUATORS[name]["env"]
+
+
+def measures_modes(name: str) -> bool:
+    return EVALUATORS[name]["modes"]
 
 
 def request(grid: dict) -> dict:
@@ -128,7 +135,23 @@ def _evaluate(params, seed, plan, items, split_paths, threads, workers, release)
         for record, out_path in items:
             log.info("checkpoint step %d: %s", record["step"], record["policy"])
             results = evaluate_checkpoint(settings, record["policy"], splits, scorer.grades)
+            if params["modes"]:
+                _add_modes(results, record["policy"], splits, settings.template)
             write_json(out_path, {**record, "seed": seed, "plan": plan, "sampling": settings.to_dict(),
                                   "splits": results})  # fmt: skip
             if release is not None:
                 release(record["policy"], record["step"])
+
+
+def _add_modes(results: dict, policy_dir: str, splits: dict[str, list[dict]], template: str) -> None:
+    """Each problem's correct modes with their log-probabilities (``per_problem.modes``, ``calibrl.modes``)."""
+    from calibrl import modes
+    from calibrl.models import load
+
+    model, tokenizer = load(policy_dir)
+    model.eval()
+    for name, records in splits.items():
+        if not modes.measurable(records):
+            log.info("%s: its records do not list their correct modes; Definition 2.1 is not measured", name)
+            continue
+        results[name]["per_problem"]["modes"] = modes.mode_logprobs(model, tokenizer, records, template)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from calibrl import modes
 from calibrl import stats as S
 from calibrl.analysis_plan import BASE, Plan
 from calibrl.metrics import pass_at_k
@@ -80,6 +81,15 @@ def paper_claims(grid: dict) -> list[Claim]:
         if {"iac", "iac_a1.5", "grpo", "iac_a2"} <= set(t5):
             text = f"alpha optimum interior: alpha 1 or 1.5 above both 0 and 2 ({label})"
             out.append(Claim(text, "table5", main, key, "interior", ("iac", "iac_a1.5", "grpo", "iac_a2")))
+    if grid["data"]["source"] == "countdown":  # Definition 2.1, where every correct mode is listed (calibrl.modes)
+        t23 = tables["table2_3"]
+        over = "share of problems over-sharpened (Definition 2.1: a correct mode below the base model)"
+        if "grpo" in t23:
+            out.append(Claim(f"GRPO over-sharpens: {over} above 0", "definition 2.1", main, "oversharpened", "diff",
+                             ("grpo", BASE)))  # fmt: skip
+        if {"grpo", "iac"} <= set(t23):
+            out.append(Claim(f"IAC over-sharpens less than GRPO: {over}", "definition 2.1", main, "oversharpened",
+                             "diff", ("grpo", "iac")))  # fmt: skip
     f6 = tables["figure6"]
     if len(f6) >= 2:  # the paper's Figure 6: DAPO+IAC (the last listed) keeps more entropy than DAPO (the first)
         names = {"dapo": "DAPO", "dapo_iac": "DAPO+IAC", "dapo_iac_dlc": "DAPO+IAC+DLC"}
@@ -99,6 +109,8 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
     sub = pd.concat([runs[runs["step"].isin(steps)], pp[pp["method"] == BASE]])
     if metric == "distinct":
         q = sub["distinct"]
+    elif metric == "oversharpened":
+        q = _oversharpened(sub, pp[pp["method"] == BASE])
     elif metric.startswith("pass_at_"):
         k = int(metric.rsplit("_", 1)[1])
         q = [pass_at_k(n, c, k) for n, c in zip(sub["n"], sub["correct"])]
@@ -106,6 +118,18 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
         q = sub["correct"] / sub["n"]
     sub = sub.assign(q=np.asarray(q, dtype=float))
     return sub.groupby(KEYS, as_index=False)["q"].mean()
+
+
+def _oversharpened(sub: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
+    """Per row: 1 when some correct mode's probability is below the base model's on the same problem and seed
+    (Definition 2.1, ``calibrl.modes``), else 0; NaN where the modes were not measured."""
+    ref = {(r.model, r.seed, r.split, r.problem): r.modes for r in base.itertuples()}
+    out = []
+    for r in sub.itertuples():
+        before = ref.get((r.model, r.seed, r.split, r.problem))
+        measured = isinstance(r.modes, dict) and isinstance(before, dict)
+        out.append(float(modes.suppressed(r.modes, before) > 0) if measured else np.nan)
+    return np.asarray(out, dtype=float)
 
 
 def sample_of(q: pd.DataFrame, model: str, arms: tuple[str, ...], seeds: tuple[int, ...] | None = None):
@@ -170,6 +194,7 @@ def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = f
     last = int(grid.get("claims", {}).get("last_checkpoints", 2))
     q = {key: problem_quantity(pp, key, last) for key in metrics(grid)}
     q["entropy"] = entropy_quantity(train)
+    q["oversharpened"] = problem_quantity(pp, "oversharpened", last)
     rows = []
     for c in paper_claims(grid):
         if (c.model, c.metric, c.arms) in skip:

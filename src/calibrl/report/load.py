@@ -37,7 +37,8 @@ def load_evals(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
 
 
 def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
-    """One row per (model, method, seed, step, split, problem): correct samples out of n, distinct correct answers.
+    """One row per (model, method, seed, step, split, problem): correct samples out of n, distinct correct answers,
+    and where measured (``calibrl.modes``) each correct mode's log-probability (``modes``: a dict; else None).
 
     Problems are numbered in the split's order, which is the same for every run, so arms and seeds pair on them.
     Evaluation files written before per-problem results were recorded give no rows."""
@@ -49,8 +50,9 @@ def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
             per = m.get("per_problem")
             if per is None:
                 continue
+            modes = per.get("modes", [None] * len(per["correct"]))  # absent: a task whose modes are not listed
             frames.append(
-                pd.DataFrame({"correct": per["correct"], "distinct": per["distinct"]}).assign(
+                pd.DataFrame({"correct": per["correct"], "distinct": per["distinct"], "modes": modes}).assign(
                     model=model,
                     method=method,
                     seed=seed,
@@ -60,7 +62,7 @@ def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
                     problem=range(len(per["correct"])),
                 )
             )
-    cols = ["model", "method", "seed", "step", "split", "problem", "n", "correct", "distinct"]
+    cols = ["model", "method", "seed", "step", "split", "problem", "n", "correct", "distinct", "modes"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
