@@ -224,3 +224,23 @@ def test_aggregation_lists_no_temporary_left_by_a_killed_run(tmp_path):
     listed = json.loads(Path(args["done_path"]).read_text())["tables"]
     assert listed == sorted(str(p) for p in tables.iterdir() if not p.name.startswith("."))
     assert "table5_vs_paper.md" in {Path(p).name for p in listed}
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_results_are_as_readable_as_the_umask_allows(tmp_path, mask):
+    """tempfile makes 0600 files and 0700 folders whatever the umask: what atomic_path and models.save leave
+    has the mode a plain open or mkdir would (a collaborator in the group reads them under umask 027)."""
+    from calibrl.io import umask, write_json
+
+    old = os.umask(mask)
+    try:
+        assert umask() == mask
+        write_json(tmp_path / "r.json", {"a": 1})
+        tok = build_tokenizer()
+        save(build_model(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=16),
+             tok, tmp_path / "ckpt")  # fmt: skip
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "ckpt").stat().st_mode & 0o777 == 0o777 & ~mask
+    assert all(p.stat().st_mode & 0o777 == 0o666 & ~mask for p in (tmp_path / "ckpt").iterdir())

@@ -29,12 +29,34 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        if os.path.isfile(tmp):
+            share(tmp)
         _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
         _fsync(path.parent, os.O_RDONLY)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (Linux reports it in /proc; elsewhere set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share(path: str | Path) -> None:
+    """Give a file made by ``tempfile`` (mode 0600, 0700 for a folder, whatever the umask) the mode a plain
+    ``open`` or ``mkdir`` would: a collaborator in the group reads results where the user's umask allows it."""
+    base = 0o777 if os.path.isdir(path) else 0o666
+    os.chmod(path, base & ~umask())
 
 
 def _fsync(path: str | Path, flags: int) -> None:

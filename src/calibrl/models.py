@@ -29,6 +29,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from calibrl.io import share
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3
 CHARACTERS = tuple(string.digits) + tuple("+-*/=><().,: ") + tuple(string.ascii_lowercase)
@@ -128,6 +130,8 @@ def save(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, path: str 
         with _no_progress_bars():
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+        for part in (tmp, *tmp.iterdir()):  # mkdtemp's 0700 and safetensors' 0600 whatever the umask
+            share(part)
         if not path.exists():
             os.replace(tmp, path)
             return path
