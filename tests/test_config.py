@@ -38,6 +38,24 @@ def test_bad_config_fails_at_once_naming_the_key(workflow_dir, path, value, expe
     assert "invalid config" in out and ".".join(path) in out and expected in out, out[-2000:]
 
 
+def test_numbers_in_scientific_notation_are_numbers(workflow_dir):
+    """PyYAML reads YAML 1.1, where 3e-4 (no dot) is a string: where the schema wants a number it is one."""
+    text = (workflow_dir / "config" / "config.yaml").read_text()
+    assert "    lr: 0.0003\n" in text
+    sci = workflow_dir / "sci.yaml"
+    sci.write_text(text.replace("    lr: 0.0003\n", "    lr: 3e-4\n").replace("memory_lr: 0.001 ", "memory_lr: 1E-3 "))
+    from calibrl.config import load
+
+    grid = load([sci])["grid"]
+    assert grid["train"]["lr"] == 3e-4 and grid["train"]["memory_lr"] == 1e-3
+    assert load([workflow_dir / "config" / "config.yaml"])["grid"]["train"] == grid["train"]
+    # the workflow reads it so too (Snakemake's own YAML loading, then the config check); a word stays refused
+    snakemake(workflow_dir, "-n", "--quiet", "rules", "--configfile", str(sci))
+    sci.write_text(text.replace("    lr: 0.0003\n", "    lr: 3e-4x\n"))
+    proc = snakemake(workflow_dir, "-n", "--configfile", str(sci), check=False)
+    assert proc.returncode != 0 and "grid.train.lr: '3e-4x' is not of type 'number'" in proc.stdout + proc.stderr
+
+
 def test_shipped_config_plans(workflow_dir):
     proc = snakemake(workflow_dir, "-n", "--quiet", "rules")
     assert "toy_figure" in proc.stdout

@@ -12,6 +12,7 @@ is: no ``.get(key, default)`` anywhere else.
 from __future__ import annotations
 
 import copy
+import re
 from functools import cache
 from pathlib import Path
 
@@ -152,6 +153,39 @@ def fill_defaults(instance, node: dict, root: dict):
     return instance
 
 
+# YAML 1.2's float (PyYAML reads YAML 1.1, where 3e-4, with no dot, is a string)
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
+def _wants_number(node: dict) -> bool:
+    kinds = node.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+    return "number" in kinds and "string" not in kinds
+
+
+def coerce_numbers(instance, node: dict, root: dict):
+    """Read as a number every string written like one (``3e-4``) where the schema wants a number, below
+    ``instance`` (in place): YAML 1.1 loaders give such strings; YAML 1.2 and the user mean a float."""
+    node = _resolve(node, root)
+    for part in node.get("allOf", []):
+        coerce_numbers(instance, part, root)
+    if not isinstance(instance, dict):
+        return instance
+    properties = node.get("properties", {})
+    extra = node.get("additionalProperties")
+    for key in list(instance):
+        sub = properties.get(key, extra if isinstance(extra, dict) else None)
+        if sub is None:
+            continue
+        sub = _resolve(sub, root)
+        value = instance[key]
+        if isinstance(value, str) and _wants_number(sub) and _FLOAT.fullmatch(value.strip()):
+            instance[key] = float(value)
+        else:
+            coerce_numbers(value, sub, root)
+    return instance
+
+
 def filled(section: str, values: dict, base: dict | None = None) -> dict:
     """``values`` of the config object at dotted ``section`` (``grid.train``; ``*`` for any name:
     ``grid.methods.*``) with the schema's defaults filled in: settings built outside a config file, as tests do."""
@@ -194,6 +228,7 @@ def problems(config: dict, base: dict | str | Path | None = None) -> list[tuple[
     """Every problem of ``config`` (unchanged): the schema's first; if there are none, the keys its backend never
     reads, then the cross-key checks on a copy with the defaults filled in."""
     root = schema(base)
+    config = coerce_numbers(copy.deepcopy(config), root, root)
     found: list[tuple[str, str]] = []
     for error in sorted(Validator(root).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
         found += _schema_problems(error)
@@ -223,7 +258,7 @@ def validate(config: dict, base: dict | str | Path | None = None, source: str = 
     if found:
         raise ConfigError(found, source)
     root = schema(base)
-    return fill_defaults(config, root, root)
+    return fill_defaults(coerce_numbers(config, root, root), root, root)
 
 
 def load(paths: list[str | Path]) -> dict:
