@@ -13,6 +13,8 @@ tokens only (``cumsum(mask) - 1``), so a left-padded row sees the same positions
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -88,15 +90,23 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tu
     return input_ids, attention_mask
 
 
+@functools.cache
+def _cache_kwarg(model_class: type) -> str:
+    """The name ``model_class.forward`` takes the KV cache under: ``cache`` since transformers 5.2x, where
+    ``past_key_values`` still works but warns in every job; ``past_key_values`` before."""
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _last_logits(model, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
     """Float32 next-token logits (B, V) at the last position, appending the step to ``cache``."""
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
         use_cache=cache is not None,
         logits_to_keep=1,
+        **{_cache_kwarg(type(model)): cache},
     )
     return out.logits[:, -1].float()
 
