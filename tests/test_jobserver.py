@@ -25,11 +25,11 @@ def server():
     jobserver.stop()
 
 
-def client(target: str, *args, env: dict | None = None, **kwargs) -> subprocess.Popen:
+def client(target: str, *args, env: dict | None = None, log: str | None = None, **kwargs) -> subprocess.Popen:
     """A job's script: ``jobserver.run(target, ...)`` in a process of its own, as Snakemake runs a script."""
     code = "import json, sys\nfrom calibrl.jobserver import run\n"
     code += "run(*json.loads(sys.argv[1]), **json.loads(sys.argv[2]))"
-    call = [sys.executable, "-c", code, json.dumps([target, None, *args]), json.dumps(kwargs)]
+    call = [sys.executable, "-c", code, json.dumps([target, log, *args]), json.dumps(kwargs)]
     return subprocess.Popen(
         call, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -102,3 +102,53 @@ def test_a_killed_script_takes_its_job_with_it(server, tmp_path):
     while alive(sleeper) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(sleeper), "the job outlived its script"
+
+
+@pytest.mark.parametrize("how", ["served", "alone"])
+def test_a_failed_jobs_log_holds_its_failure_the_file_and_the_fix(server, tmp_path, how):
+    """A checkpoint cut short (a full disk, a copy cut short) and a missing data file: the evaluation job fails,
+    and its own log (the rule's log:, not only the terminal) holds the traceback and one line naming the file,
+    the step and the fix; the terminal gets it once."""
+    from calibrl import grid as G
+    from calibrl.models import build_model, build_tokenizer, save
+
+    config = filled("config")
+    params = {**G.base_params(config, 0), "settings": {**G.eval_params(config)["settings"], "n": 2, "k": 2}}
+    tok = build_tokenizer()
+    policy = tmp_path / "ckpt" / "step_4" / "policy"
+    save(build_model(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=16), tok, policy)
+    weights = policy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    (tmp_path / "info.json").write_text(json.dumps({"path": str(policy)}))
+    split = tmp_path / "test.jsonl"
+    split.write_text("")
+    env = {} if how == "served" else {jobserver.ENV: ""}
+    cases = {
+        "corrupt": ({"test": str(split)}, [str(weights), "step 4", "truncated or corrupt", f"delete {policy}"]),
+        "missing": ({"test": str(tmp_path / "nope.jsonl")}, ["a file the job reads is missing", "nope.jsonl",
+                                                            "Fix: rerun the rule that writes it"]),
+    }  # fmt: skip
+    for name, (splits, expected) in cases.items():
+        log = tmp_path / f"{how}-{name}.log"
+        proc = client("calibrl.evaluate:evaluate_base_job", params, str(tmp_path / "info.json"), splits,
+                      str(tmp_path / "out.json"), env=env, log=str(log), workers=0)  # fmt: skip
+        assert proc.wait(timeout=300) != 0
+        text, terminal = log.read_text(), proc.stderr.read()
+        assert "Traceback (most recent call last)" in text, text
+        failure = next(line for line in text.splitlines() if "the job failed:" in line)
+        assert all(e in failure for e in expected), [e for e in expected if e not in failure]
+        assert terminal.count("the job failed:") == 1, terminal[-3000:]
+
+
+def test_a_script_that_sets_up_its_log_and_fails_leaves_the_failure_there(tmp_path):
+    """The rules whose scripts call calibrl.logs.setup themselves (data, models, MLflow): an exception that ends
+    the script is logged to the rule's log file, once, with its cause and fix."""
+    log = tmp_path / "job.log"
+    code = f"from calibrl.logs import setup\nsetup(r'{log}')\n"
+    code += "raise FileNotFoundError(2, 'No such file or directory', 'results/data/test.jsonl')\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "results/data/test.jsonl" in text, text
+    assert "a file the job reads is missing" in text and text.count("the job failed:") == 1
+    assert proc.stderr.count("the job failed:") == 1, proc.stderr

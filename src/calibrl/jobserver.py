@@ -102,11 +102,15 @@ def _server() -> str | None:
 
 
 def _call(target: str, log: str | None, args, kwargs) -> None:
-    from calibrl.logs import setup
+    from calibrl.logs import failed, setup
 
     setup(log)
     module, _, name = target.partition(":")
-    getattr(importlib.import_module(module), name)(*args, **kwargs)
+    try:
+        getattr(importlib.import_module(module), name)(*args, **kwargs)
+    except BaseException as exc:  # into the job's log, not only the terminal
+        failed(exc)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -239,8 +243,9 @@ def _fork(conn: socket.socket, listener: socket.socket) -> tuple[int, bytes]:
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        if not getattr(exc, "__calibrl_logged__", False):  # _call logged it (stderr and the job's log)
+            traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def setup(logfile: str | Path | None = None, level: int = logging.INFO) -> None:
-    """Log to stderr and, when given, to ``logfile`` (a rule's ``log:``), replacing earlier handlers."""
+    """Log to stderr and, when given, to ``logfile`` (a rule's ``log:``), replacing earlier handlers; an exception
+    that ends the job is logged there too (:func:`failed`), so the job's log holds its own failure."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if logfile:
         Path(logfile).parent.mkdir(parents=True, exist_ok=True)
@@ -17,6 +18,43 @@ def setup(logfile: str | Path | None = None, level: int = logging.INFO) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", handlers=handlers, force=True
     )
+    sys.excepthook = lambda kind, exc, tb: failed(exc)
+
+
+# Failures whose cause and fix one line can name: (exception class names, why, fix; "" where the message says
+# it); the message names the file.
+KNOWN = (
+    (("CheckpointUnreadable",), "a saved model cannot be read", ""),
+    (("FileNotFoundError",), "a file the job reads is missing",
+     "rerun the rule that writes it (snakemake --forcerun RULE), or restore it"),
+    (("OutOfMemoryError", "MemoryError"), "out of memory",
+     "give the job more memory (its rule's mem_mb in the profile) or fewer grading workers (grid.workers)"),
+    (("OfflineModeIsEnabled", "LocalEntryNotFoundError", "ConnectionError"), "the download could not reach the Hub",
+     "run the download rules where the Hub is reachable (the login node), or pre-seed the files"),
+)  # fmt: skip
+
+
+def explain(exc: BaseException) -> str | None:
+    """One line naming a known failure's kind and its fix, or None."""
+    names = {k.__name__ for k in type(exc).__mro__}
+    for kinds, why, fix in KNOWN:
+        if names & set(kinds):
+            return f"{why}: {exc}" + (f". Fix: {fix}" if fix else "")
+    return None
+
+
+def failed(exc: BaseException) -> None:
+    """Log the exception that ends a job, with its traceback and, for a known kind, the cause and the fix."""
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)) or getattr(exc, "__calibrl_logged__", False):
+        return
+    log = logging.getLogger("calibrl.job")
+    log.error("the job failed: %s", explain(exc) or f"{type(exc).__name__}: {exc}", exc_info=exc)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    try:
+        exc.__calibrl_logged__ = True
+    except AttributeError:
+        pass
 
 
 class Progress:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import string
 import tempfile
@@ -30,6 +31,11 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from calibrl.io import share
+
+# transformers' save_pretrained imports DeepSpeed where installed (through accelerate), which on a machine without
+# CUDA warns "Setting accelerator to CPU" in every job: name the accelerator it would pick, so it says nothing.
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3
@@ -152,9 +158,28 @@ def load(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
     """Load a checkpoint written by :func:`save` through the Auto classes, offline, in eval mode."""
     path = str(path)
     with _no_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        except Exception as exc:
+            if type(exc).__name__ != "SafetensorError":
+                raise
+            raise CheckpointUnreadable(path, exc) from exc
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return model.eval(), tokenizer
+
+
+class CheckpointUnreadable(RuntimeError):
+    """A saved model whose weights cannot be read (a truncated or corrupt ``model.safetensors``)."""
+
+    def __init__(self, path: str, cause: Exception):
+        step = re.search(r"(?:^|/)(?:global_)?step_?(\d+)(?:_hf)?(?:/|$)", path)
+        what = f"the checkpoint of step {step.group(1)}" if step else "this model"
+        super().__init__(
+            f"{path}/model.safetensors cannot be read ({cause}): {what} is truncated or corrupt (a full disk, a copy "
+            f"cut short). Fix: delete {path} and rerun the job that wrote it (a training job resumes from the "
+            "newest checkpoint left)"
+        )
+        self.path = path
 
 
 def encode_examples(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.Tensor, ...]:
