@@ -152,3 +152,17 @@ def test_a_script_that_sets_up_its_log_and_fails_leaves_the_failure_there(tmp_pa
     assert "Traceback (most recent call last)" in text and "results/data/test.jsonl" in text, text
     assert "a file the job reads is missing" in text and text.count("the job failed:") == 1
     assert proc.stderr.count("the job failed:") == 1, proc.stderr
+
+
+def test_a_resumed_jobs_rate_and_eta_count_only_its_own_work(caplog, monkeypatch):
+    """A run resumed at step 40 of 50 that does 5 steps in 10 s: 0.5 steps/s and 10 s left, not 4.5/s and 1 s."""
+    import logging
+
+    from calibrl import logs
+
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(logs.time, "monotonic", lambda: next(clock))
+    progress = logs.Progress("train steps", 50, logging.getLogger("t"), every=0.0, done=40)
+    with caplog.at_level(logging.INFO):
+        progress.update(5)
+    assert "train steps 45/50 (0.50/s, elapsed 10s, ETA 10s)" in caplog.text, caplog.text

@@ -58,12 +58,13 @@ def failed(exc: BaseException) -> None:
 
 
 class Progress:
-    """Logs ``done/total``, the rate and the ETA at most every ``every`` seconds (and at the end)."""
+    """Logs ``done/total``, the rate and the ETA at most every ``every`` seconds (and at the end). ``done``: what
+    was done before this process (a resumed run): counted in ``done/total``, not in the rate."""
 
-    def __init__(self, what: str, total: int, logger: logging.Logger, every: float = 5.0):
+    def __init__(self, what: str, total: int, logger: logging.Logger, every: float = 5.0, done: int = 0):
         self.what, self.total, self.log, self.every = what, total, logger, every
         self.start = self.last = time.monotonic()
-        self.done = 0
+        self.done = self.before = done
 
     def update(self, n: int = 1, note: str = "") -> None:
         self.done += n
@@ -72,7 +73,7 @@ class Progress:
             return
         self.last = now
         elapsed = now - self.start
-        rate = self.done / elapsed if elapsed > 0 else float("inf")
+        rate = (self.done - self.before) / elapsed if elapsed > 0 else float("inf")
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         self.log.info(
             "%s %d/%d (%.2f/s, elapsed %.0fs, ETA %.0fs) %s",

@@ -417,8 +417,7 @@ class Trainer:
             info = self.filter_easiest()
             log.info("filtering baseline: %s", info)
             write_json(self.out / "filter.json", info)
-        progress = Progress("train steps", self.s.steps, log, every=10.0)
-        progress.done = self.step
+        progress = Progress("train steps", self.s.steps, log, every=10.0, done=self.step)
         with open(metrics_path, "a", encoding="utf-8") as fh:
             while self.step < self.s.steps:
                 metrics = self.train_step()
