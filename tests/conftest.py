@@ -13,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs")
+WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs", "profiles")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 # Ray 2.55.0 as OpenRLHF 0.11.2 pins it (and uv), in a venv of their own (make .venv-cluster/.installed)
 RAY_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))

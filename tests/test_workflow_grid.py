@@ -140,6 +140,20 @@ def test_unchanged_rerun_plans_nothing(finished):
     assert planned(finished[0]) == {}
 
 
+def test_a_code_update_replans_nothing_finished(finished):
+    """A `git pull` that edits the thin scripts (and touches every file): no finished job is replanned
+    (profiles/default: rerun on params, inputs and input times, not on code)."""
+    work = finished[0]
+    scripts = {p: p.read_text() for p in (work / "scripts").glob("*.py")}
+    try:
+        for path, text in scripts.items():
+            path.write_text(text + "# a comment from upstream\n")
+        assert planned(work) == {}
+    finally:
+        for path, text in scripts.items():
+            path.write_text(text)
+
+
 @pytest.mark.parametrize(
     "change, expected",
     [
