@@ -7,8 +7,9 @@ from calibrl import jobserver
 
 if __name__ == "__main__":
     p = snakemake.params
-    grid = {"seed": p.seed, "main_model": p.main_model, "models": p.models, "tables": p.tables, "eval": p.eval,
-            "train": p.train, "data": {"eval_splits": p.eval_splits}, "claims": p.claims}  # fmt: skip
+    grid = {"seed": p.seed, "main_model": p.main_model, "models": p.models, "methods": p.methods, "tables": p.tables,
+            "eval": p.eval, "train": p.train, "data": {"eval_splits": p.eval_splits, "source": p.source},
+            "claims": p.claims}  # fmt: skip
     results = str(Path(snakemake.output.done).parent)  # the results folder: runs/, tables/, figures/
     inp = snakemake.input
     jobserver.run("calibrl.report.jobs:aggregate_job", snakemake.log[0], grid, list(inp.evals), list(inp.metrics),

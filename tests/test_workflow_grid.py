@@ -136,6 +136,44 @@ def test_micro_grid_end_to_end(finished):
 
 
 # ------------------------------------------------------------------------- reruns after a config change
+def test_figures_plot_the_seed_level_results(finished):
+    """What each accuracy figure plots (figures/<metric>_<model>.csv, written with the PNG) is, per split, method and
+    evaluated step, the mean over seeds of the evaluation files' own numbers with their t interval; the primary
+    claims' panels carry claims.csv's verdicts; Figure 6 is over every seed of its methods."""
+    import numpy as np
+    from scipy import stats as st
+
+    work = finished[0]
+    cfg = yaml.safe_load((work / MICRO).read_text())
+    res = work / cfg["results"]
+    k = cfg["grid"]["eval"]["k"]
+    plotted = pd.read_csv(res / "figures" / f"avg_at_{k}_qwen3-tiny-m.csv")
+    values = {}  # (split, method, step) -> per-seed AVG@k from the evaluation files
+    for path in (res / "runs" / "qwen3-tiny-m").glob("*/s*/eval/step_*.json"):
+        data = json.loads(path.read_text())
+        for split, m in data["splits"].items():
+            key = (split, path.parts[-4], int(data["step"]))
+            values.setdefault(key, []).append(m[f"avg_at_{k}"])
+    assert len(plotted) == len(values) and set(plotted["method"]) >= {"base", "grpo", "iac", "dapo_iac_dlc"}
+    for row in plotted.itertuples():
+        seeds = np.array(values[(row.panel.split(": ")[1].split(",")[0], row.method, int(row.x))]) * 100
+        assert row.seeds == len(seeds) and row.y == pytest.approx(seeds.mean(), abs=1e-9), row
+        if len(seeds) > 1:  # no spread over seeds: a zero-width interval (scipy says NaN)
+            low, high = (
+                st.t.interval(0.95, len(seeds) - 1, seeds.mean(), st.sem(seeds)) if seeds.std() else [seeds[0]] * 2
+            )
+            assert (row.low, row.high) == pytest.approx((low, high), abs=1e-9), row
+    claims = pd.read_csv(res / "claims.csv").set_index("claim")["verdict"]
+    panels = pd.read_csv(res / "figures" / "primary_claims.csv")["panel"].unique()
+    assert len(panels) == (claims.index.str.match(r"P\d+:")).sum()
+    for panel in panels:
+        claim, _, verdict = panel.rpartition(": ")
+        assert claims[claim] == verdict, panel
+    fig6 = pd.read_csv(res / "tables" / "figure6_entropy.csv")
+    seeds_of = {m: len(list((res / "runs" / "qwen3-tiny-m" / m).glob("s*"))) for m in cfg["grid"]["tables"]["figure6"]}
+    assert fig6.groupby("method")["seeds"].max().to_dict() == seeds_of
+
+
 def test_unchanged_rerun_plans_nothing(finished):
     assert planned(finished[0]) == {}
 

@@ -8,7 +8,7 @@ orderings exploratory; the tests are ``calibrl.stats``'), ``power`` (each primar
 """
 
 from calibrl.io import write_markdown
-from calibrl.report.figures import figure6, figure6_reference, plot_over_steps
+from calibrl.report.figures import figure6, figure6_reference, palette, plot_panels
 from calibrl.report.load import load_evals, load_per_problem, load_train_metrics, metrics
 from calibrl.report.paper import KEYS, beside_paper, long_form, paper_checks, render_beside, write_beside
 from calibrl.report.summary import noise_table, render_summary
@@ -29,7 +29,8 @@ __all__ = [
     "noise_table",
     "paper_checks",
     "peak_table",
-    "plot_over_steps",
+    "palette",
+    "plot_panels",
     "render_beside",
     "render_summary",
     "to_markdown",

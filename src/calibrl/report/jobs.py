@@ -52,6 +52,8 @@ def aggregate_job(
         log.info("claim %s: %s (estimate %s, seeds %s)", r.claim, r.verdict, r.estimate, r.seeds)
 
     main = grid["main_model"]
+    colors = F.palette(grid)
+    figs = out / "figures"
     primaries = plan.primaries if plan else ()
     arms = list(dict.fromkeys(a for c in primaries for a in c.arms if a != AP.BASE)) or list(grid["tables"]["table4"])
     passk = sharpening.pass_at_k_curves(per_problem, main, [AP.BASE, *[m for m in ("grpo", "iac") if m in arms]])
@@ -59,36 +61,36 @@ def aggregate_job(
     entropy = sharpening.entropy_over_steps(train, main)
     for name, frame in (("pass_at_k", passk), ("distinct_correct", distinct), ("entropy_bands", entropy)):
         write_csv(out / "tables" / f"{name}_{main}.csv", frame)
-    sharpening.plot_bands(passk, "k", f"pass@k, base model and final checkpoints ({main}), 95% band over seeds",
-                          "pass@k (%)", out / "figures" / f"pass_at_k_{main}.png", scale=100)  # fmt: skip
-    sharpening.plot_bands(distinct, "step", f"distinct correct answers per problem ({main}), 95% band",
-                          "distinct correct answers", out / "figures" / f"distinct_correct_{main}.png")  # fmt: skip
-    sharpening.plot_bands(entropy, "step", f"training entropy, 5-step mean ({main}), 95% band over seeds",
-                          "entropy (nats per token)", out / "figures" / f"entropy_bands_{main}.png")  # fmt: skip
+    F.plot_panels([(passk, f"pass@k, base model and final checkpoints ({main}), 95% interval over seeds",
+                    "pass@k (%)", 100.0)], "k", figs / f"pass_at_k_{main}.png", colors)  # fmt: skip
+    F.plot_panels([(distinct, f"distinct correct answers per problem ({main}), 95% interval over seeds",
+                    "distinct correct answers", 1.0)], "step (0: the base model)",
+                  figs / f"distinct_correct_{main}.png", colors)  # fmt: skip
+    F.plot_panels([(entropy, f"training entropy, 5-step mean ({main}), 95% band over seeds",
+                    "entropy (nats per token)", 1.0)], "step", figs / f"entropy_bands_{main}.png", colors)  # fmt: skip
+    verdicts = dict(zip(claims["claim"], claims["verdict"]))
     panels = [
-        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms)), f"{c.id}: {c.claim}", c.unit, c.scale)
+        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms)),
+         f"{c.id}: {c.claim}: {verdicts.get(f'{c.id}: {c.claim}', 'not decided')}", c.unit, c.scale)
         for c in primaries
-    ]
-    sharpening.plot_panels(panels, "step (0: the base model)", out / "figures" / "primary_claims.png")
+    ]  # fmt: skip
+    F.plot_panels(panels, "step (0: the base model)", figs / "primary_claims.png", colors)
 
-    F.plot_over_steps(
-        fig6,
-        "entropy_smoothed",
-        "method",
-        "Figure 6: policy entropy (5-step mean)",
-        "entropy (nats per token)",
-        out / "figures" / "figure6_entropy.png",
-        reference=F.figure6_reference(matched),
-    )
-    main_seed = evals[evals["seed"] == grid["seed"]]
+    fig6_bands = sharpening.entropy_over_steps(train[train["method"].isin(grid["tables"]["figure6"])], main)
+    F.plot_panels([(fig6_bands, "Figure 6: policy entropy (5-step mean), mean over seeds, 95% band",
+                    "entropy (nats per token)", 1.0)], "training step", figs / "figure6_entropy.png", colors,
+                  reference=F.figure6_reference(matched))  # fmt: skip
     for metric, label in L.metrics(grid).items():
         for model in grid["models"]:
-            sub = main_seed[(main_seed["metric"] == metric) & (main_seed["model"] == model)]
-            F.plot_over_steps(sub.assign(value=sub["value"] * 100), "value", "method", f"{label} {model}",
-                              f"{label} (%)", out / "figures" / f"{metric}_{model}.png", panels="split")  # fmt: skip
-    ent = train[train["seed"] == grid["seed"]]
-    F.plot_over_steps(ent, "entropy", "method", "policy entropy", "entropy (nats per token)",
-                      out / "figures" / "entropy_all.png", panels="model")  # fmt: skip
+            at = per_problem[per_problem["model"] == model]
+            methods = [AP.BASE, *[m for m in grid["methods"] if m in set(at["method"])]]
+            panels = [(sharpening.over_steps(at[at["split"] == split], model, metric, methods),
+                       f"{label} {model}: {split}, 95% interval over seeds", f"{label} (%)", 100.0)
+                      for split in grid["data"]["eval_splits"]]  # fmt: skip
+            F.plot_panels(panels, "step (0: the base model)", figs / f"{metric}_{model}.png", colors)
+    F.plot_panels([(sharpening.entropy_over_steps(train, model), f"policy entropy, 5-step mean: {model}",
+                    "entropy (nats per token)", 1.0) for model in grid["models"]], "step",
+                  figs / "entropy_all.png", colors)  # fmt: skip
     noise = summary.noise_table(evals, grid)
     write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid))
     write_json(

@@ -3,30 +3,22 @@
 - pass@k for k = 1, 2, 4, .. n (the unbiased estimator from each problem's n samples) of the base model and the
   final checkpoints: a sharpened policy gains at k = 1 and loses at large k (Section 1: RLVR sharpens rather
   than extends);
-- any per-problem metric (distinct correct answers, PASS@k) per checkpoint, each arm's curve starting from the
-  base model at step 0 (evaluated with the same seeds' sampling streams);
+- any per-problem metric (distinct correct answers, PASS@k) per checkpoint, with the base model (every arm's
+  start) at step 0, evaluated with the same seeds' sampling streams;
 - training entropy per step (Figure 6's quantity), smoothed over 5 steps.
 Bands are t intervals over the per-seed values (the unit of replication, ``calibrl.stats``); with one seed a
-band covers the problems only, and the legend says so.
+band covers the problems only, and the legend says so. ``calibrl.report.figures`` draws them.
 """
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
+import numpy as np
+import pandas as pd
+from scipy import stats as st
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats as st  # noqa: E402
-
-from calibrl import stats as S  # noqa: E402
-from calibrl.analysis_plan import BASE  # noqa: E402
-from calibrl.io import atomic_path  # noqa: E402
-from calibrl.report.claims import problem_quantity, sample_of  # noqa: E402
+from calibrl import stats as S
+from calibrl.analysis_plan import BASE
+from calibrl.report.claims import problem_quantity, sample_of
 
 COLUMNS = ["method", "x", "mean", "low", "high", "seeds"]
 
@@ -64,14 +56,11 @@ def pass_at_k_curves(pp: pd.DataFrame, model: str, methods: list[str]) -> pd.Dat
 
 def over_steps(pp: pd.DataFrame, model: str, metric: str, methods: list[str]) -> pd.DataFrame:
     """(method, x = step, mean, low, high, seeds): ``metric`` ("distinct", "pass_at_K", "avg_at_K") of each of
-    ``methods`` at every checkpoint, from the base model at step 0 (its rows stand for every method there)."""
+    ``methods`` at every evaluated checkpoint, and of the base model (every run's start) at step 0."""
     sub = pp[pp["model"] == model]
-    base = sub[sub["method"] == BASE]
-    runs = sub[sub["method"].isin([m for m in methods if m != BASE])]
-    starts = [base.assign(method=m) for m in runs["method"].unique()]
-    full = pd.concat([runs, *starts, base if BASE in methods else base.iloc[:0]], ignore_index=True)
+    methods = [BASE, *[m for m in methods if m != BASE]]
     rows = []
-    for step, at in full.groupby("step"):
+    for step, at in sub[sub["method"].isin(methods)].groupby("step"):
         q = problem_quantity(at, metric, 1)  # one step at a time
         for method in [m for m in methods if m in set(q["method"])]:
             rows.append((method, step, *_band(q, model, method)))
@@ -89,39 +78,3 @@ def entropy_over_steps(train: pd.DataFrame, model: str) -> pd.DataFrame:
     half = out["std"] / np.sqrt(out["count"]) * st.t.ppf(1 - S.LEVEL / 2, (out["count"] - 1).clip(lower=1))
     out["low"], out["high"] = out["mean"] - half, out["mean"] + half
     return out.rename(columns={"count": "seeds", "step": "x"})[COLUMNS]
-
-
-def _draw(ax, frame: pd.DataFrame, title: str, ylabel: str, xlabel: str, scale: float) -> None:
-    for i, (method, line) in enumerate(frame.groupby("method", sort=False)):
-        line = line.sort_values("x")
-        color = plt.cm.tab10(i % 10)
-        seeds = int(line["seeds"].max()) if len(line) else 0
-        style = "--" if method == BASE else "-"
-        ax.plot(
-            line["x"], line["mean"] * scale, style, color=color, marker="o", ms=3, label=f"{method} ({seeds} seeds)"
-        )
-        ax.fill_between(line["x"], line["low"] * scale, line["high"] * scale, color=color, alpha=0.15, lw=0)
-    ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=9)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if len(frame):
-        ax.legend(fontsize=7, ncol=2, frameon=False)
-    else:
-        ax.text(0.5, 0.5, "no per-problem results", ha="center", transform=ax.transAxes)
-
-
-def plot_bands(frame: pd.DataFrame, xlabel: str, title: str, ylabel: str, path: str | Path, scale: float = 1.0) -> None:
-    """One line per method with its 95% band; the legend gives each method's seeds."""
-    plot_panels([(frame, title, ylabel, scale)], xlabel, path)
-
-
-def plot_panels(panels: list[tuple[pd.DataFrame, str, str, float]], xlabel: str, path: str | Path) -> None:
-    """One panel per (frame, title, ylabel, scale), side by side, in one PNG."""
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1) + 1, 4.2), squeeze=False)
-    for ax, (frame, title, ylabel, scale) in zip(axes[0], panels):
-        _draw(ax, frame, title, ylabel, xlabel, scale)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
