@@ -6,6 +6,7 @@ import hashlib
 import json
 import sqlite3
 
+import pandas as pd
 import pytest
 from conftest import fake_run_results, filled
 from mlflow.tracking import MlflowClient
@@ -74,6 +75,18 @@ def test_three_aggregations_leave_one_run_per_key_and_no_duplicate_point(results
     assert {r.info.run_id for r in runs + others} == set(first.values())  # reused, never recreated
     links = json.loads((res / "mlflow_runs.json").read_text())["open"]
     assert links["grid"].endswith(f"/experiments/{exp.experiment_id}?workflowType=machine_learning")
+
+
+def test_the_claims_are_listed_as_claims_csv_orders_them_primaries_first(results):
+    """MLflow's runs table lists the newest first: the claims' runs come in claims.csv's order, then the tables."""
+    res = results[3]
+    sync(results)
+    client = MlflowClient(tracking_uri=f"sqlite:///{res / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("calibrl-test-claims")
+    listed = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=500)
+    claims = pd.read_csv(res / "claims.csv")
+    assert [r.data.params.get("claim") for r in listed] == [*claims["claim"], None]
+    assert listed[-1].info.run_name == "tables and figures"
 
 
 def test_corrupted_store_fails_clearly_and_keeps_results(results):

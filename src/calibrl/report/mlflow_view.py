@@ -90,7 +90,9 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
     return records
 
 
-def _claim_records(claims: pd.DataFrame) -> list:
+def _claim_records(claims: pd.DataFrame, written_ms: int) -> list:
+    """One run per claim. MLflow lists runs newest first: each claim's start is ``written_ms`` (when claims.csv
+    was written) less a second per row, so the UI lists them as claims.csv does, the primaries first."""
     from calibrl.tracking import RunRecord
 
     records = []
@@ -111,6 +113,8 @@ def _claim_records(claims: pd.DataFrame) -> list:
                     "plan_sha256": r.plan_sha256 if pd.notna(r.plan_sha256) else "",
                 },
                 metrics=[(k, float(v), 0) for k, v in values.items() if pd.notna(v)],
+                start_ms=written_ms - 1000 * i,
+                end_ms=written_ms - 1000 * i,
             )
         )
     return records
@@ -140,13 +144,16 @@ def sync_grid_mlflow(
     for record in _run_records(grid, evals, train, out, architectures or {}):
         run_ids[record.key] = store.upsert(names["grid"], record)
     claims_csv = out / "claims.csv"
-    if claims_csv.is_file():
-        for record in _claim_records(pd.read_csv(claims_csv)):
-            run_ids[record.key] = store.upsert(names["claims"], record)
+    written = int(claims_csv.stat().st_mtime * 1000) if claims_csv.is_file() else 0
+    claims = pd.read_csv(claims_csv) if claims_csv.is_file() else pd.DataFrame()
+    for record in _claim_records(claims, written):
+        run_ids[record.key] = store.upsert(names["claims"], record)
     artifacts = [(p, "tables") for p in outputs(out / "tables")]
     artifacts += [(p, "figures") for p in sorted((out / "figures").glob("*.png"))]
     artifacts += [(out / name, "summary") for name in ("summary.md", "claims.csv") if (out / name).is_file()]
-    tables = RunRecord(key="grid/tables", name="tables and figures", tags={"part": "report"}, artifacts=artifacts)
+    after = written - 1000 * len(claims)  # listed after the claims
+    tables = RunRecord(key="grid/tables", name="tables and figures", tags={"part": "report"}, artifacts=artifacts,
+                       start_ms=after if written else None, end_ms=after if written else None)  # fmt: skip
     run_ids["tables"] = store.upsert(names["claims"], tables)
     log.info("logged %d runs to %s (experiments %s)", len(run_ids), store.uri, list(names.values())[:2])
     if runs_json:
