@@ -70,7 +70,15 @@ def test_three_aggregations_leave_one_run_per_key_and_no_duplicate_point(results
     assert iac.data.params["grid.train.lr"] == "0.0003" and iac.data.params["iac_alpha"] == "1.0"
     seeds = sorted(r.data.tags["seed"] for r in runs if r.data.tags.get("method") == "grpo")
     assert seeds == ["0", "1"]
-    assert {a.path for a in client.list_artifacts(iac.info.run_id, "tables")} >= {"tables/table2_vs_paper.md"}
+    # lean: the run's own settings and files, not the grid's other methods, tables or the aggregate figures
+    assert not any(k.startswith(("grid.methods", "grid.tables", "grid.models")) for k in iac.data.params)
+    assert len(iac.data.params) < 80, len(iac.data.params)
+    assert {a.path for a in client.list_artifacts(iac.info.run_id, "run")} == {"run/metrics.jsonl"}
+    assert not client.list_artifacts(iac.info.run_id, "tables") and not client.list_artifacts(
+        iac.info.run_id, "figures"
+    )
+    tables = next(r for r in others if r.info.run_name == "tables and figures")
+    assert {a.path for a in client.list_artifacts(tables.info.run_id, "tables")} >= {"tables/table2_vs_paper.md"}
     assert json.loads((res / "mlflow_runs.json").read_text())["runs"] == first
     assert {r.info.run_id for r in runs + others} == set(first.values())  # reused, never recreated
     links = json.loads((res / "mlflow_runs.json").read_text())["open"]

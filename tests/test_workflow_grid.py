@@ -94,7 +94,8 @@ def test_micro_grid_end_to_end(finished):
     assert len(claim_runs) == len(claims)
     dlc = [r for r in grid_runs if r.data.tags.get("method") == "dapo_iac_dlc"][0]
     assert dlc.data.params["dlc_mu"] == "0.5" and dlc.data.tags["mu"] == "0.5"
-    assert len(client.get_metric_history(dlc.info.run_id, "eval/test/avg_at_4")) == 2
+    # the evaluation curve starts at the base model (step 0, the same seed's evaluation), then each checkpoint
+    assert sorted(m.step for m in client.get_metric_history(dlc.info.run_id, "eval/test/avg_at_4")) == [0, 2, 4]
     assert len(client.get_metric_history(dlc.info.run_id, "train/reward")) == 4  # every step samples
     lines = (res / "runs" / "qwen3-tiny-m" / "dapo_iac_dlc" / "s0" / "metrics.jsonl").read_text().splitlines()
     trained = sum("entropy" in json.loads(line) for line in lines)  # of the trained groups: DAPO may train none

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from calibrl.analysis_plan import BASE
 from calibrl.io import outputs, write_json
 from calibrl.report import load as L
 from calibrl.runs import Run
@@ -44,25 +45,29 @@ def _times(tr: pd.DataFrame) -> dict:
 
 
 def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path, architectures: dict) -> list:
+    """One record per (model, method, seed): the run's own settings as params (its compiled method, the shared
+    training and evaluation settings; not the grid's other methods or tables), its evaluation curves with the base
+    model at step 0 (every run starts from it), its training metrics, and its own files as artifacts."""
     from calibrl.tracking import RunRecord, flatten
 
-    config_params = flatten(grid, "grid")
+    shared = flatten({"train": grid["train"], "eval": grid["eval"]}, "grid")
     skip = {"model", "method", "seed", "step", "seconds", "time"}
+    base = evals[evals["method"] == BASE]
     records = []
     for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
         m = grid["methods"].get(method, {})  # the compiled spec (MethodSpec.to_dict); none for the base model
-        metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in sub.itertuples()]
+        start = base[(base["model"] == model) & (base["seed"] == seed)] if method != BASE else base.iloc[:0]
+        metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in pd.concat([start, sub]).itertuples()]
         tr = train[(train["model"] == model) & (train["method"] == method) & (train["seed"] == seed)]
         for col in [c for c in tr.columns if c not in skip and pd.api.types.is_numeric_dtype(tr[c])]:
             metrics += [(f"train/{col}", v, s) for s, v in zip(tr["step"], tr[col]) if v == v]
         tables = [t for t, names in grid["tables"].items() if method in names]
-        artifacts = [(p, "figures") for p in sorted((out / "figures").glob(f"*_{model}.png"))]
-        for t in tables:
-            for name in {"table2_3": ["table2", "table3"]}.get(t, [t]):
-                artifacts += [(p, "tables") for p in sorted((out / "tables").glob(f"{name}_vs_paper.*"))]
+        run = Run(model, method, seed).path
+        own = [out / "runs" / run / name for name in ("settings.json", "metrics.jsonl")]
+        logs = sorted((out / "logs" / "train" / run).glob("*.log"))
         records.append(
             RunRecord(
-                key=f"grid/{Run(model, method, seed).path}",
+                key=f"grid/{run}",
                 name=f"{method} s{seed} ({model})",
                 params={
                     "model": model,
@@ -70,7 +75,7 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                     "seed": seed,
                     **m,
                     **{f"arch.{k}": v for k, v in architectures.get(model, {}).items()},
-                    **config_params,
+                    **shared,
                 },
                 tags={
                     "part": "grid",
@@ -83,7 +88,7 @@ def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path
                     "trainer": grid["trainer"],
                 },
                 metrics=metrics,
-                artifacts=[(p, d) for p, d in artifacts if p.is_file()],
+                artifacts=[(p, "run") for p in own if p.is_file()] + [(p, "logs") for p in logs],
                 **_times(tr),
             )  # fmt: skip
         )
