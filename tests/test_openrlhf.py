@@ -565,6 +565,11 @@ def test_command_arithmetic_and_errors(tmp_path):
         command.check_openrlhf_argv(["--algo.advantage.estimator", "nope"])
     raw = copy.deepcopy(PAPER)
     raw["grid"]["methods"]["grpo"]["estimator"] = "mean"  # registered, but OpenRLHF has no such estimator
+    # the config check refuses it, naming the key, before any job (the job would fail as well)
+    from calibrl.config import problems
+
+    assert ("grid.methods.grpo.estimator", "'mean' has no OpenRLHF estimator (trainer openrlhf runs "
+            "['drgrpo', 'grpo', 'rloo', 'rpp'])") in problems(raw)  # fmt: skip
     settings = paper_settings(raw, G.Run("qwen3-8b", "grpo", 0), tmp_path / "m")
     with pytest.raises(ValueError, match="has no OpenRLHF estimator"):
         command.build_command(json.loads(settings.read_text()), tmp_path, tmp_path / "p.jsonl", 40000)

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from calibrl.backends.openrlhf import layout as L
+from calibrl.backends.openrlhf.command import ESTIMATORS
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
@@ -50,6 +51,10 @@ class OpenRLHFBackend:
             for name, spec in grid[kind].items():
                 if "hf_id" not in spec:
                     out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
+        for spec in {spec.name: spec for _, spec in runs}.values():  # a method the trainer has no formula for
+            if spec.estimator not in ESTIMATORS:
+                what = f"{spec.estimator!r} has no OpenRLHF estimator (trainer openrlhf runs {sorted(ESTIMATORS)})"
+                out.append((f"grid.methods.{spec.name}.estimator", what))
         if grid["train"]["ppo_minibatches"] != 1:
             what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
             out.append(("grid.train.ppo_minibatches", what))
