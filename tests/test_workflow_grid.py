@@ -134,6 +134,7 @@ def test_micro_grid_end_to_end(finished):
         check=True,
     )
     assert "Table 2: AVG@4 (%), beside the paper" in cli.stdout and "| qwen3-tiny-m | grpo |" in cli.stdout
+    assert "<u>" not in cli.stdout and "<u>" in (res / "tables" / "table2_vs_paper.md").read_text()  # no raw HTML
 
 
 # ------------------------------------------------------------------------- reruns after a config change

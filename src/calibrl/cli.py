@@ -56,11 +56,19 @@ def _tables(args: argparse.Namespace) -> int:
                 f"{path} does not exist: run the workflow's aggregate rule first "
                 f"(snakemake --cores 2 {path}), or point --results at the config's results folder"
             )
-        print(path.read_text(encoding="utf-8"))
+        print(_for_terminal(path.read_text(encoding="utf-8")))
     summary = Path(args.results) / "summary.md"
     if args.paper and summary.is_file():
-        print(summary.read_text(encoding="utf-8").split("## Seed noise")[0])
+        print(_for_terminal(summary.read_text(encoding="utf-8").split("## Seed noise")[0]))
     return 0
+
+
+def _for_terminal(markdown: str) -> str:
+    """The tables' Markdown as a terminal shows it: the paper's underline of a second best (``<u>x</u>``, HTML in
+    the Markdown files, which the HTML report renders) as ``_x_``."""
+    import re
+
+    return re.sub(r"<u>(.*?)</u>", r"_\1_", markdown)
 
 
 def _plan(args: argparse.Namespace) -> int:
