@@ -51,10 +51,18 @@ class OpenRLHFBackend:
             for name, spec in grid[kind].items():
                 if "hf_id" not in spec:
                     out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
+        batch = grid["train"]["prompts_per_step"]
         for spec in {spec.name: spec for _, spec in runs}.values():  # a method the trainer has no formula for
             if spec.estimator not in ESTIMATORS:
                 what = f"{spec.estimator!r} has no OpenRLHF estimator (trainer openrlhf runs {sorted(ESTIMATORS)})"
                 out.append((f"grid.methods.{spec.name}.estimator", what))
+            if "subset" in grid["data"]:  # a smoke run's rows: OpenRLHF needs one step's prompts (command.py)
+                rows = grid["data"]["subset"]
+                kept = rows - round(spec.filter_easiest * rows)  # calibrl.algo.filtering.keep_indices
+                if kept < batch:
+                    why = f", {kept} after method {spec.name}'s filter_easiest {spec.filter_easiest:g}," * spec.filters
+                    out.append(("grid.data.subset", f"{rows} training rows{why} are fewer than one step's "
+                                                    f"{batch} prompts (grid.train.prompts_per_step)"))  # fmt: skip
         if grid["train"]["ppo_minibatches"] != 1:
             what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
             out.append(("grid.train.ppo_minibatches", what))
