@@ -50,7 +50,8 @@ CI_METHODS = ("dapo_iac_dlc",)
 
 
 def rehearsed() -> dict:
-    """config/rehearsal.yaml, or the chosen methods of it (:data:`CI_METHODS` unless chosen; the tables cut)."""
+    """config/rehearsal.yaml, or the chosen methods of it (:data:`CI_METHODS` unless chosen; the tables cut to
+    them)."""
     cfg = copy.deepcopy(CONFIG)
     if CHOSEN != "all":
         keep = [m.strip() for m in CHOSEN.split(",") if m.strip()] or list(CI_METHODS)
@@ -60,7 +61,8 @@ def rehearsed() -> dict:
                 f"CALIBRL_REHEARSAL: {sorted(set(keep) - set(grid['methods']))} not in config/rehearsal.yaml"
             )
         grid["methods"] = {k: v for k, v in grid["methods"].items() if k in keep}
-        grid["tables"] = {k: [m for m in v if m in keep] for k, v in grid["tables"].items()}
+        # a table none of whose methods are chosen shows the first chosen one (the schema wants no empty table)
+        grid["tables"] = {k: [m for m in v if m in keep] or keep[:1] for k, v in grid["tables"].items()}
     return cfg
 
 
