@@ -43,11 +43,15 @@ def test_numbers_in_scientific_notation_are_numbers(workflow_dir):
     text = (workflow_dir / "config" / "config.yaml").read_text()
     assert "    lr: 0.0003\n" in text
     sci = workflow_dir / "sci.yaml"
-    sci.write_text(text.replace("    lr: 0.0003\n", "    lr: 3e-4\n").replace("memory_lr: 0.001 ", "memory_lr: 1E-3 "))
+    changed = text.replace("    lr: 0.0003\n", "    lr: 3e-4\n").replace("memory_lr: 0.001 ", "memory_lr: 1E-3 ")
+    changed = changed.replace("lr_scales: [0.3, 1.0, 3.0]", "lr_scales: [3e-1, 1.0, 3.0]")
+    assert all(t in changed for t in ("    lr: 3e-4\n", "memory_lr: 1E-3 ", "lr_scales: [3e-1, 1.0, 3.0]"))
+    sci.write_text(changed)
     from calibrl.config import load
 
     grid = load([sci])["grid"]
     assert grid["train"]["lr"] == 3e-4 and grid["train"]["memory_lr"] == 1e-3
+    assert load([sci])["toy"]["lr_scales"] == [0.3, 1.0, 3.0]
     assert load([workflow_dir / "config" / "config.yaml"])["grid"]["train"] == grid["train"]
     # the workflow reads it so too (Snakemake's own YAML loading, then the config check); a word stays refused
     snakemake(workflow_dir, "-n", "--quiet", "rules", "--configfile", str(sci))

@@ -75,6 +75,7 @@ def test_the_evaluation_job_records_every_problems_modes(tmp_path):
     config = filled("config")
     params = {**G.base_params(config, 0), "settings": {**G.eval_params(config)["settings"], "n": 2, "k": 2}}
     assert params["modes"] is True
+    assert "modes" not in G.eval_params({"grid": {**config["grid"], "evaluator": "vllm"}})  # nothing new measured
     tok = build_tokenizer()
     save(build_model(tok, seed=5, **ARCH), tok, tmp_path / "base")
     (tmp_path / "base.json").write_text(json.dumps({"path": str(tmp_path / "base")}))

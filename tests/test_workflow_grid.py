@@ -174,6 +174,9 @@ def test_figures_plot_the_seed_level_results(finished):
     fig6 = pd.read_csv(res / "tables" / "figure6_entropy.csv")
     seeds_of = {m: len(list((res / "runs" / "qwen3-tiny-m" / m).glob("s*"))) for m in cfg["grid"]["tables"]["figure6"]}
     assert fig6.groupby("method")["seeds"].max().to_dict() == seeds_of
+    drawn = pd.read_csv(res / "figures" / "figure6_entropy.csv").set_index(["method", "x"])["y"]
+    table = fig6.set_index(["method", "step"])["entropy_smoothed"]
+    assert drawn.to_numpy() == pytest.approx(table.loc[drawn.index].to_numpy(), nan_ok=True)  # one frame, both
 
 
 def test_unchanged_rerun_plans_nothing(finished):

@@ -169,6 +169,13 @@ def coerce_numbers(instance, node: dict, root: dict):
     node = _resolve(node, root)
     for part in node.get("allOf", []):
         coerce_numbers(instance, part, root)
+    if isinstance(instance, list) and isinstance(node.get("items"), dict):
+        items = _resolve(node["items"], root)
+        for i, value in enumerate(instance):
+            if isinstance(value, str) and _wants_number(items) and _FLOAT.fullmatch(value.strip()):
+                instance[i] = float(value)
+            else:
+                coerce_numbers(value, items, root)
     if not isinstance(instance, dict):
         return instance
     properties = node.get("properties", {})

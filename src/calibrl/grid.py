@@ -225,9 +225,12 @@ def eval_params(config: dict) -> dict:
         tensor_parallel_size=ev["tensor_parallel_size"],
         data_parallel_size=ev["data_parallel_size"],
     )
-    # Definition 2.1's measurement where the task lists every correct mode and the evaluator can teacher-force
-    modes = grid["data"]["source"] == "countdown" and evaluate.measures_modes(grid["evaluator"])
-    return {"settings": settings.to_dict(), "on_error": grid["data"]["on_error"], "modes": modes}
+    params = {"settings": settings.to_dict(), "on_error": grid["data"]["on_error"]}
+    # Definition 2.1's measurement where the task lists every correct mode and the evaluator can teacher-force;
+    # the key only there, so grids that measure nothing new keep their params (and their finished evaluations)
+    if grid["data"]["source"] == "countdown" and evaluate.measures_modes(grid["evaluator"]):
+        params["modes"] = True
+    return params
 
 
 def model_path(config: dict, model: str) -> str:

@@ -18,7 +18,10 @@ def setup(logfile: str | Path | None = None, level: int = logging.INFO) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", handlers=handlers, force=True
     )
-    sys.excepthook = lambda kind, exc, tb: failed(exc)
+    previous = sys.excepthook  # Ctrl-C keeps its own short message
+    sys.excepthook = lambda kind, exc, tb: (
+        previous(kind, exc, tb) if isinstance(exc, KeyboardInterrupt) else failed(exc)
+    )
 
 
 # Failures whose cause and fix one line can name: (exception class names, why, fix; "" where the message says

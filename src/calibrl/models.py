@@ -32,10 +32,10 @@ from transformers.utils import logging as hf_logging
 
 from calibrl.io import share
 
-# transformers' save_pretrained imports DeepSpeed where installed (through accelerate), which on a machine without
-# CUDA warns "Setting accelerator to CPU" in every job: name the accelerator it would pick, so it says nothing.
-if not torch.cuda.is_available():
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# transformers' save_pretrained imports DeepSpeed where installed (through accelerate), which warns "Setting
+# accelerator to CPU" in every job: these tiny models train and sample on CPU only, so name it (without asking
+# CUDA, which would initialise it in the job server before it forks).
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3

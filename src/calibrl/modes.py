@@ -41,7 +41,7 @@ def sequence_logprobs(model, tokenizer, prompts: list[str], answers: list[str], 
         logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
         target = labels[:, 1:]
         taken = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        out.append((taken * (target != -100)).sum(-1))
+        out.append(taken.masked_fill(target == -100, 0.0).sum(-1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 

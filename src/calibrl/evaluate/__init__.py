@@ -135,7 +135,7 @@ def _evaluate(params, seed, plan, items, split_paths, threads, workers, release)
         for record, out_path in items:
             log.info("checkpoint step %d: %s", record["step"], record["policy"])
             results = evaluate_checkpoint(settings, record["policy"], splits, scorer.grades)
-            if params["modes"]:
+            if "modes" in params:  # grid.eval_params sets it where the modes are measured
                 _add_modes(results, record["policy"], splits, settings.template)
             write_json(out_path, {**record, "seed": seed, "plan": plan, "sampling": settings.to_dict(),
                                   "splits": results})  # fmt: skip
