@@ -157,10 +157,12 @@ def fill_defaults(instance, node: dict, root: dict):
 _FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 
 
-def _wants_number(node: dict) -> bool:
+def _number(value, node: dict):
+    """``value`` as a float where it is a string written like a number and ``node`` wants a number, else None."""
     kinds = node.get("type")
     kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
-    return "number" in kinds and "string" not in kinds
+    wanted = "number" in kinds and "string" not in kinds
+    return float(value) if wanted and isinstance(value, str) and _FLOAT.fullmatch(value.strip()) else None
 
 
 def coerce_numbers(instance, node: dict, root: dict):
@@ -172,10 +174,8 @@ def coerce_numbers(instance, node: dict, root: dict):
     if isinstance(instance, list) and isinstance(node.get("items"), dict):
         items = _resolve(node["items"], root)
         for i, value in enumerate(instance):
-            if isinstance(value, str) and _wants_number(items) and _FLOAT.fullmatch(value.strip()):
-                instance[i] = float(value)
-            else:
-                coerce_numbers(value, items, root)
+            number = _number(value, items)
+            instance[i] = number if number is not None else coerce_numbers(value, items, root)
     if not isinstance(instance, dict):
         return instance
     properties = node.get("properties", {})
@@ -185,11 +185,8 @@ def coerce_numbers(instance, node: dict, root: dict):
         if sub is None:
             continue
         sub = _resolve(sub, root)
-        value = instance[key]
-        if isinstance(value, str) and _wants_number(sub) and _FLOAT.fullmatch(value.strip()):
-            instance[key] = float(value)
-        else:
-            coerce_numbers(value, sub, root)
+        number = _number(instance[key], sub)
+        instance[key] = number if number is not None else coerce_numbers(instance[key], sub, root)
     return instance
 
 

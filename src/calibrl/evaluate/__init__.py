@@ -148,8 +148,7 @@ def _add_modes(results: dict, policy_dir: str, splits: dict[str, list[dict]], te
     from calibrl import modes
     from calibrl.models import load
 
-    model, tokenizer = load(policy_dir)
-    model.eval()
+    model, tokenizer = load(policy_dir)  # in eval mode
     for name, records in splits.items():
         if not modes.measurable(records):
             log.info("%s: its records do not list their correct modes; Definition 2.1 is not measured", name)

@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 
 from calibrl.analysis_plan import BASE  # noqa: E402
 from calibrl.io import atomic_path, write_csv  # noqa: E402
+from calibrl.report.sharpening import smoothed  # noqa: E402
 
 DENSE = 3  # points from which a method's markers are joined by a line and a band
 Panel = tuple[pd.DataFrame, str, str, float]  # (band frame, title, y label, scale)
@@ -120,8 +121,8 @@ def figure6(train: pd.DataFrame, grid: dict) -> pd.DataFrame:
     sub = train[(train["model"] == grid["main_model"]) & (train["method"].isin(grid["tables"]["figure6"]))]
     if sub.empty:
         return pd.DataFrame(columns=["method", "step", "entropy", "entropy_smoothed", "seeds"])
-    sub = sub.sort_values(["method", "seed", "step"]).copy()
-    sub["smooth"] = sub.groupby(["method", "seed"])["entropy"].transform(lambda s: s.rolling(5, min_periods=1).mean())
-    return sub.groupby(["method", "step"], as_index=False).agg(
-        entropy=("entropy", "mean"), entropy_smoothed=("smooth", "mean"), seeds=("seed", "nunique")
+    return (
+        smoothed(sub)
+        .groupby(["method", "step"], as_index=False)
+        .agg(entropy=("entropy", "mean"), entropy_smoothed=("smooth", "mean"), seeds=("seed", "nunique"))
     )

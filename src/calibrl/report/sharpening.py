@@ -67,12 +67,18 @@ def over_steps(pp: pd.DataFrame, model: str, metric: str, methods: list[str]) ->
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def smoothed(train: pd.DataFrame) -> pd.DataFrame:
+    """``train`` with ``smooth``: each (method, seed)'s entropy averaged over 5 steps (for reading; Figure 6)."""
+    out = train.sort_values(["method", "seed", "step"]).copy()
+    out["smooth"] = out.groupby(["method", "seed"])["entropy"].transform(lambda s: s.rolling(5, min_periods=1).mean())
+    return out
+
+
 def entropy_over_steps(train: pd.DataFrame, model: str) -> pd.DataFrame:
     """(method, x = step, mean, low, high, seeds): 5-step mean entropy, t-interval over seeds at each step."""
     if train.empty:
         return pd.DataFrame(columns=COLUMNS)
-    sub = train[train["model"] == model].sort_values(["method", "seed", "step"]).copy()
-    sub["smooth"] = sub.groupby(["method", "seed"])["entropy"].transform(lambda s: s.rolling(5, min_periods=1).mean())
+    sub = smoothed(train[train["model"] == model])
     g = sub.groupby(["method", "step"])["smooth"]
     out = g.agg(["mean", "std", "count"]).reset_index()
     half = out["std"] / np.sqrt(out["count"]) * st.t.ppf(1 - S.LEVEL / 2, (out["count"] - 1).clip(lower=1))
