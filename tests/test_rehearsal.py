@@ -170,7 +170,7 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     targets = [f"{RESULTS}/aggregate.json", f"{RESULTS}/grid_mlflow.json"]
     cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
-    proc = run(cmd, cwd=work, timeout=4800, env=_env(tmp, faults))
+    proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, faults))
     return work, proc
 
 
