@@ -8,7 +8,7 @@
 # make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
 # make rehearsal : the CPU rehearsal of every method of config/paper.yaml (tests/test_rehearsal.py with
 #              CALIBRL_REHEARSAL=all; ~65 min on 2 cores; METHODS=filter,grpo rehearses those again); make test
-#              runs its CI subset (DAPO+IAC+DLC, both faults)
+#              runs its CI subset (DAPO+IAC+DLC, killed once between DeepSpeed's save and the HF copy)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
