@@ -68,8 +68,10 @@ test: test-main test-vllm
 
 # .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
 # .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
+# Two lanes (pytest-xdist, tests/conftest.py groups them): the SLURM modules, mostly waiting on the scheduler, beside
+# the rest; in the order of collection, the SLURM lane first.
 test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
-	$(BIN)/python -m pytest -m "not vllm"
+	$(BIN)/python -m pytest -m "not vllm" -n 2 --dist loadgroup --no-loadscope-reorder
 
 # VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
 # CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.

@@ -48,6 +48,19 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return proc
 
 
+def pytest_collection_modifyitems(config, items):
+    """Two lanes under pytest-xdist (`make test`: -n 2 --dist loadgroup): the modules that run jobs on the local SLURM
+    in one group, first (they share its three nodes: jobs of two modules at once would queue behind each other, and
+    their time is mostly waiting on the scheduler), every other module a group of its own (its module fixtures built
+    once, on one worker). Without xdist the marks do nothing and the order is pytest's."""
+    on_slurm = {item.module.__name__ for item in items if "local_slurm" in item.fixturenames}
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("local-slurm" if name in on_slurm else name))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.module.__name__ not in on_slurm)  # stable: the SLURM lane starts first
+
+
 @pytest.fixture(autouse=True)
 def _no_slurm_probe(request, tmp_path_factory, monkeypatch):
     """Outside the SLURM tests, an ``scontrol`` that fails at once comes first on PATH.
