@@ -45,18 +45,24 @@ onstart:
         from calibrl import jobserver
 
         jobserver.start()
+    if RUNS:  # MLflow as the grid runs: each run's evaluations and training metrics as they appear (calibrl.live)
+        from calibrl import live
+
+        live.start(LIVE_SPEC, res("logs/mlflow_live.json"), res("logs/mlflow_live.log"))
 
 
 onsuccess:
-    from calibrl import jobserver
+    from calibrl import jobserver, live
 
     jobserver.stop()
+    live.stop()
 
 
 onerror:
-    from calibrl import jobserver
+    from calibrl import jobserver, live
 
     jobserver.stop()
+    live.stop()
 
 
 rule all:

@@ -5,10 +5,13 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from conftest import REPO, free_port
@@ -34,13 +37,18 @@ pytestmark = [
 
 
 @contextlib.contextmanager
-def mlflow_server(store_uri: str):
-    """A real ``mlflow server`` on a free loopback port, once it answers /health (on a loaded 2-core machine
-    that can take minutes: polled until then, never a fixed wait)."""
+def mlflow_server(store_uri: str | None = None, results: Path | None = None):
+    """A real ``mlflow server`` on ``store_uri`` (or ``calibrl ui`` on a ``results`` folder, as the README opens it)
+    on a free loopback port, once it answers /health (on a loaded 2-core machine that can take minutes: polled
+    until then, never a fixed wait)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if results is not None:
+        cmd = [sys.executable, "-m", "calibrl.cli", "ui", "--results", str(results), "--port", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    err = tempfile.TemporaryFile(mode="w+")  # not a pipe: a server that logs every request would fill it and stall
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -49,14 +57,20 @@ def mlflow_server(store_uri: str):
                 break
             except OSError:
                 if proc.poll() is not None:
-                    raise AssertionError(f"mlflow server exited: {proc.stderr.read()[-3000:]}") from None
+                    err.seek(0)
+                    raise AssertionError(f"mlflow server exited: {err.read()[-3000:]}") from None
                 time.sleep(0.5)
         else:
             raise AssertionError("mlflow server did not answer /health in 5 minutes")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        err.close()
 
 
 @pytest.fixture
@@ -132,8 +146,10 @@ def grid_ui(tmp_path):
     evals, metrics = fake_run_results(res, runs, k=8, splits=("test", "ood"))
     aggregate_job(grid, evals, metrics, str(res), str(res / "aggregate.json"))
     sync_grid_mlflow(grid, evals, metrics, str(res), str(res / "mlflow"), "calibrl-ui", str(res / "grid_mlflow.json"))
-    with mlflow_server(f"sqlite:///{res / 'mlflow' / 'mlflow.db'}") as url:
-        yield url, json.loads((res / "grid_mlflow.json").read_text())
+    moved = tmp_path / "copied" / "results"  # a results folder moved (or copied to a laptop) after the run
+    shutil.move(res, moved)
+    with mlflow_server(results=moved) as url:
+        yield url, json.loads((moved / "grid_mlflow.json").read_text())
 
 
 def test_what_a_user_sees_first_is_the_training_runs_and_the_claims(grid_ui, tmp_path):
@@ -162,4 +178,12 @@ def test_what_a_user_sees_first_is_the_training_runs_and_the_claims(grid_ui, tmp
         page.goto(url + written["open"]["claims"], timeout=60_000)
         page.get_by_text("inconclusive: IAC above grpo", exact=False).first.wait_for(timeout=60_000)
         page.screenshot(path=str(shots / "claims_first_view.png"))
+        # the results folder was moved before the UI opened (calibrl ui): its artifacts are found at the new place
+        claims_exp = written["open"]["claims"].split("/experiments/")[1].split("?")[0]
+        run = written["runs"]["tables"]
+        page.goto(f"{url}/#/experiments/{claims_exp}/runs/{run}/artifacts/tables/table2.md?workflowType=machine_learning",
+                  timeout=60_000)  # fmt: skip
+        page.get_by_text("Table 2: AVG@8", exact=False).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "moved_store_artifact.png"))
+        assert "copied/results/mlflow/artifacts/" in page.inner_text("body")  # the file's place, as the UI shows it
         browser.close()

@@ -4,7 +4,9 @@ touching any result file."""
 
 import hashlib
 import json
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -146,3 +148,52 @@ def test_a_run_carries_the_trainings_real_start_and_end(tmp_path):
     later = RunRecord(key="grid/m/grpo/s0", name="grpo s0", metrics=[("x", 1.0, 1)], start_ms=5_000, end_ms=9_000)
     new_id = store.upsert("e", later)
     assert new_id != run_id and MlflowClient(store.uri).get_run(new_id).info.start_time == 5_000
+
+
+def test_a_moved_results_folder_reads_and_writes_its_own_artifacts(results, tmp_path):
+    """MLflow records absolute artifact locations: a results folder moved (or copied) elsewhere has them pointed at
+    its own store on the next open, so the UI shows its artifacts and new ones never go to the old place."""
+    grid, evals, metrics, res = results
+    ids = sync(results)
+    moved = tmp_path / "elsewhere" / "results"
+    moved.parent.mkdir()
+    shutil.move(res, moved)
+    store = Store(moved / "mlflow")  # relocates
+    info = store.client.get_run(ids["tables"]).info
+    assert info.artifact_uri.startswith((moved / "mlflow" / "artifacts").resolve().as_uri()), info.artifact_uri
+    names = {Path(a.path).name for a in store.client.list_artifacts(ids["tables"], "tables")}
+    assert "table2.md" in names
+    local = store.client.download_artifacts(ids["tables"], "tables/table2.md", str(tmp_path))
+    assert Path(local).read_text() == (moved / "tables" / "table2.md").read_text()
+    # a sync at the new place writes there; the old place stays gone
+    moved_evals = [str(moved / Path(p).relative_to(res)) for p in evals]
+    moved_metrics = [str(moved / Path(p).relative_to(res)) for p in metrics]
+    sync_grid_mlflow(grid, moved_evals, moved_metrics, str(moved), str(moved / "mlflow"), "calibrl-test")
+    assert not res.exists()
+    assert (
+        Store(moved / "mlflow")
+        .client.get_experiment_by_name("calibrl-test-grid")
+        .artifact_location.startswith((moved / "mlflow" / "artifacts").resolve().as_uri())
+    )
+
+
+def test_a_deleted_run_folder_leaves_the_ui_and_the_tables_refuse_to_report_it(results, capsys):
+    grid, evals, metrics, res = results
+    from calibrl.cli import main
+
+    first = sync(results)
+    assert main(["tables", "--results", str(res), "--no-paper"]) == 0
+    gone = res / "runs" / "qwen3-tiny-m" / "grpo" / "s1"
+    shutil.rmtree(gone)
+    assert main(["tables", "--results", str(res), "--no-paper"]) == 2  # the tables still hold the deleted run
+    err = capsys.readouterr().err
+    assert "result files the tables were made from are gone" in err and str(gone) in err, err
+    # the workflow's rerun without that run (its grid cut to the rest): aggregation, then MLflow
+    keep = [p for p in evals if str(gone) not in p], [p for p in metrics if str(gone) not in p]
+    aggregate_job(grid, *keep, str(res), str(res / "aggregate.json"))
+    again = sync_grid_mlflow(grid, *keep, str(res), str(res / "mlflow"), "calibrl-test")
+    assert "grid/qwen3-tiny-m/grpo/s1" not in again
+    client = MlflowClient(Store(res / "mlflow").uri)
+    assert client.get_run(first["grid/qwen3-tiny-m/grpo/s1"]).info.lifecycle_stage == "deleted"
+    assert client.get_run(first["grid/qwen3-tiny-m/grpo/s0"]).info.lifecycle_stage == "active"
+    assert main(["tables", "--results", str(res), "--no-paper"]) == 0

@@ -84,6 +84,14 @@ def test_micro_grid_end_to_end(finished):
         assert (res / "figures" / f"{what}_qwen3-tiny-m.png").stat().st_size > 0
     for log in ("warmstart/qwen3-tiny-m.log", "train/qwen3-tiny-m/dapo_iac_dlc/s0/segment_2.log", "aggregate.log"):
         assert (res / "logs" / log).stat().st_size > 0
+    # MLflow while the grid ran (calibrl.live): runs logged as their files appeared, before rule grid_mlflow, and the
+    # final view kept those runs (the same ids), extended
+    live_log = (res / "logs" / "mlflow_live.log").read_text()
+    live = re.findall(r"logged (grid/\S+) as MLflow run (\w+)", live_log)
+    assert live and "ERROR" not in live_log, live_log[-3000:]
+    final = json.loads((res / "grid_mlflow.json").read_text())["runs"]
+    last = dict(live)  # a run's latest live id
+    assert len(last) >= 3 and all(final[key] == run_id for key, run_id in last.items()), (live, final)
 
     client = MlflowClient(tracking_uri=f"sqlite:///{(res / 'mlflow' / 'mlflow.db').resolve()}")
     exp = client.get_experiment_by_name(cfg["mlflow_experiment"] + "-grid")

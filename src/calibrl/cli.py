@@ -47,6 +47,7 @@ def _tables(args: argparse.Namespace) -> int:
 
     folder = Path(args.results) / "tables"
     names = args.table or ["table2", "table3", "table4", "table5"]
+    _check_current(Path(args.results))
     for name in names:
         # The _vs_paper pages already hold ours beside the paper's (cell by cell when the grid is the paper's,
         # orderings only otherwise): the aggregation decided that from the data, so the CLI need not guess.
@@ -63,12 +64,54 @@ def _tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_current(results) -> None:
+    """Refuse tables whose result files are gone (a run folder deleted or moved), and say when some are newer
+    than the tables (a run redone since): the tables would report what no longer is."""
+    import json
+    import os
+
+    done = results / "aggregate.json"
+    if not done.is_file():
+        return  # the tables' own check below names the missing aggregation
+    inputs = [results / p for p in json.loads(done.read_text()).get("inputs", [])]
+    gone = [p for p in inputs if not p.exists()]
+    if gone:
+        raise ValueError(
+            f"{len(gone)} of the {len(inputs)} result files the tables were made from are gone (first: {gone[0]}): "
+            "a run folder was deleted or moved; rerun the workflow (the snakemake command you ran) to redo those "
+            "runs and the tables"
+        )
+    newer = [p for p in inputs if os.stat(p).st_mtime > os.stat(done).st_mtime]
+    if newer:
+        print(f"calibrl tables: {len(newer)} result files are newer than these tables (first: {newer[0]}); rerun "
+              "the workflow to update them", file=sys.stderr)  # fmt: skip
+
+
 def _for_terminal(markdown: str) -> str:
     """The tables' Markdown as a terminal shows it: the paper's underline of a second best (``<u>x</u>``, HTML in
     the Markdown files, which the HTML report renders) as ``_x_``."""
     import re
 
     return re.sub(r"<u>(.*?)</u>", r"_\1_", markdown)
+
+
+def _ui(args: argparse.Namespace) -> int:
+    """The MLflow UI on a results folder's store: its artifact locations made the folder's own first (a moved or
+    copied results folder), then ``mlflow ui`` in this process's place."""
+    import os
+    from pathlib import Path
+
+    from calibrl.tracking import Store, StoreError
+
+    try:
+        store = Store(Path(args.results) / "mlflow", must_exist=True)
+    except StoreError as err:
+        raise ValueError(str(err)) from err
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store.uri, "--host", args.host,
+           "--port", str(args.port)]  # fmt: skip
+    print(f"calibrl ui: http://{args.host}:{args.port} ({store.uri})", flush=True)
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -186,6 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tables.add_argument("--no-paper", dest="paper", action="store_false", help="our tables only")
     tables.set_defaults(func=_tables)
+
+    ui = sub.add_parser(
+        "ui",
+        help="open the MLflow UI on a results folder's store (also after the folder was moved or copied)",
+        description="Serve the MLflow UI on RESULTS/mlflow. The store records its artifacts' absolute place: a "
+        "results folder moved or copied elsewhere has them pointed at its own artifacts first.",
+    )
+    ui.add_argument("--results", default="results", help="results folder of the run (default: results)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000, help="port (default: 5000)")
+    ui.set_defaults(func=_ui)
 
     plan = sub.add_parser(
         "plan",

@@ -1,8 +1,7 @@
 # Aggregation: the claims (the analysis plan's primaries decided with Holm over them; the rest, the toy's too,
-# exploratory), the paper's tables beside
-# the published numbers, figures and the summary (rule aggregate), then the MLflow view of them (rule
-# grid_mlflow, the single writer of the grid's MLflow runs; a broken store fails that rule only, never the
-# tables). Params are the config slices each rule reads. Outputs marked report() make
+# exploratory), the paper's tables beside the published numbers, figures and the summary (rule aggregate), then the
+# final MLflow view of them (rule grid_mlflow; calibrl.live logged each run while it ran; a broken store fails that
+# rule only, never the tables). Params are the config slices each rule reads. Outputs marked report() make
 # `snakemake --report results/report.html`.
 
 TABLES = ["table2", "table3", "table4", "table5"]
@@ -106,6 +105,11 @@ rule aggregate:
         "../../scripts/aggregate.py"
 
 
+# What the grid's MLflow runs hold besides the result files: rule grid_mlflow's params, and the live view's.
+ARCHITECTURES = {m: {k: v for k, v in a.items() if k != "memory"} for m, a in GRID["models"].items()}
+MLFLOW_METHODS = {m: G.method(config, m).to_dict() for m in sorted({r.method for r in RUNS})}
+
+
 rule grid_mlflow:
     input:
         rules.aggregate.output,
@@ -116,8 +120,8 @@ rule grid_mlflow:
     params:
         seed=GRID["seed"],
         trainer=GRID["trainer"],
-        architectures={m: {k: v for k, v in a.items() if k != "memory"} for m, a in GRID["models"].items()},
-        methods={m: G.method(config, m).to_dict() for m in sorted({r.method for r in RUNS})},
+        architectures=ARCHITECTURES,
+        methods=MLFLOW_METHODS,
         tables=GRID["tables"],
         train=GRID["train"],
         eval=GRID["eval"],
@@ -130,3 +134,29 @@ rule grid_mlflow:
         "../../envs/local.yaml"
     script:
         "../../scripts/grid_mlflow.py"
+
+
+# The live view (calibrl.live, started by the Snakefile's onstart): each run's files as grid_mlflow reads them.
+LIVE_SPEC = {
+    "root": RESULTS,
+    "store": res("mlflow"),
+    "experiment": config["mlflow_experiment"],
+    "architectures": ARCHITECTURES,
+    "grid": {
+        "seed": GRID["seed"],
+        "trainer": GRID["trainer"],
+        "models": ARCHITECTURES,
+        "methods": MLFLOW_METHODS,
+        "tables": GRID["tables"],
+        "train": GRID["train"],
+        "eval": GRID["eval"],
+    },
+    "runs": [
+        {
+            "run": r.path,
+            "evals": [run_outputs(r, f"eval/step_{k}.json") for k in EVAL_STEPS],
+            "base": next((p for p in BASE_EVALS if p == res(f"runs/{r.model}/base/s{r.seed}/eval/step_0.json")), ""),
+        }
+        for r in RUNS
+    ],
+}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -100,5 +101,7 @@ def aggregate_job(
             "matched_paper": matched,
             "claims": claims["verdict"].value_counts().to_dict(),
             "orderings": checks,
+            # what the tables were made from (relative to the results folder): `calibrl tables` notices one gone
+            "inputs": [os.path.relpath(p, root) for p in [*eval_paths, *metric_paths]],
         },
     )

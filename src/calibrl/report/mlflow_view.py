@@ -44,17 +44,23 @@ def _times(tr: pd.DataFrame) -> dict:
     return {"start_ms": int((first["time"] - first.get("seconds", 0.0)) * 1000), "end_ms": int(tr["time"].max() * 1000)}
 
 
-def _run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path, architectures: dict) -> list:
-    """One record per (model, method, seed): the run's own settings as params (its compiled method, the shared
-    training and evaluation settings; not the grid's other methods or tables), its evaluation curves with the base
-    model at step 0 (every run starts from it), its training metrics, and its own files as artifacts."""
+def run_records(grid: dict, evals: pd.DataFrame, train: pd.DataFrame, out: Path, architectures: dict) -> list:
+    """One record per (model, method, seed) with evaluations or training metrics: the run's own settings as params
+    (its compiled method, the shared training and evaluation settings; not the grid's other methods or tables), its
+    evaluation curves with the base model at step 0 (every run starts from it), its training metrics, and its own
+    files as artifacts. The live view (calibrl.live) logs the same records from the files that exist so far."""
     from calibrl.tracking import RunRecord, flatten
 
     shared = flatten({"train": grid["train"], "eval": grid["eval"]}, "grid")
     skip = {"model", "method", "seed", "step", "seconds", "time"}
     base = evals[evals["method"] == BASE]
+    keys = ["model", "method", "seed"]
+    if train.empty:  # a run evaluated before any training step is logged (the live view's first rounds)
+        train = pd.DataFrame(columns=[*keys, "step"])
+    runs = pd.concat([evals[keys], train[keys]]).drop_duplicates()
     records = []
-    for (model, method, seed), sub in evals.groupby(["model", "method", "seed"]):
+    for model, method, seed in sorted(runs.itertuples(index=False, name=None)):
+        sub = evals[(evals["model"] == model) & (evals["method"] == method) & (evals["seed"] == seed)]
         m = grid["methods"].get(method, {})  # the compiled spec (MethodSpec.to_dict); none for the base model
         start = base[(base["model"] == model) & (base["seed"] == seed)] if method != BASE else base.iloc[:0]
         metrics = [(f"eval/{r.split}/{r.metric}", r.value, r.step) for r in pd.concat([start, sub]).itertuples()]
@@ -146,7 +152,7 @@ def sync_grid_mlflow(
     evals = L.load_evals(eval_paths, root)
     train = L.load_train_metrics(metric_paths, root)
     run_ids = {}
-    for record in _run_records(grid, evals, train, out, architectures or {}):
+    for record in run_records(grid, evals, train, out, architectures or {}):
         run_ids[record.key] = store.upsert(names["grid"], record)
     claims_csv = out / "claims.csv"
     written = int(claims_csv.stat().st_mtime * 1000) if claims_csv.is_file() else 0
@@ -160,6 +166,9 @@ def sync_grid_mlflow(
     tables = RunRecord(key="grid/tables", name="tables and figures", tags={"part": "report"}, artifacts=artifacts,
                        start_ms=after if written else None, end_ms=after if written else None)  # fmt: skip
     run_ids["tables"] = store.upsert(names["claims"], tables)
+    # results no longer there (a deleted run folder, a method or claim dropped) leave the UI's lists
+    store.prune(names["grid"], {k for k in run_ids if k.startswith("grid/")})
+    store.prune(names["claims"], {k for k in run_ids if k.startswith("claims/")} | {tables.key})
     log.info("logged %d runs to %s (experiments %s)", len(run_ids), store.uri, list(names.values())[:2])
     if runs_json:
         ids = {k: store.experiment(v) for k, v in names.items() if k != "toy"}
