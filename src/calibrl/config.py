@@ -5,8 +5,10 @@ Three layers: the JSON schema (workflow/schemas/config.schema.yaml: types, range
 every default; its enums of estimators, loss aggregations, KL estimators, trainers and evaluators are read from the
 registries, :func:`schema`), keys the chosen backend never reads (refused where the user set them), and the cross-key
 checks a schema cannot express (``calibrl.grid.problems``, with the defaults filled in). The Snakefile calls
-:func:`validate` first thing, which also fills in the schema's defaults, so every later reader takes a key as it
-is: no ``.get(key, default)`` anywhere else.
+:func:`validate` first thing, which also fills in the schema's defaults, so every later reader can take a key as it
+is. Not yet every reader does: a few reads still carry a literal fallback (the claims' ``last_checkpoints``, a
+model's ``revision``, the preflight's tensor-parallel size, the analysis plan's ``level`` and ``power``), and no test
+refuses them yet.
 """
 
 from __future__ import annotations

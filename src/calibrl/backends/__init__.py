@@ -4,7 +4,9 @@ its folder name is its ``grid.trainer`` value (the config schema's enum is read 
 The workflow asks a backend what a run needs before any job (its input files, its segments, its SLURM request,
 the config keys it refuses), and its jobs hand it a run's ``settings.json`` (``calibrl.checkpoints.stamp``: the
 compiled method, the settings, the input files) and nothing else. ``calibrl.backends.jobs`` holds the jobs the
-rules call. Adding a backend: a folder with a ``BACKEND``; nothing else in the project changes.
+rules call. Adding a backend: a folder with a ``BACKEND``. A GPU backend also meets parts that are OpenRLHF's today
+and live outside this protocol: the cost planner (``calibrl.plan`` prices OpenRLHF's layout), the preflight's training
+checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in ``pyproject.toml`` (docs/architecture.md).
 """
 
 from __future__ import annotations

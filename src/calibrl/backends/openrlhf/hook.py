@@ -1,4 +1,4 @@
-"""The Ray ``worker_process_setup_hook`` of a run: it installs exactly the patches the run's spec names.
+"""The Ray ``worker_process_setup_hook`` of a run: it installs the patches every run needs and those its spec names.
 
 The launcher starts Ray with :func:`setup` as every worker's setup hook and one variable, ``CALIBRL_SETTINGS``,
 the path of the run's ``settings.json``; :func:`patches` reads the run's compiled method from it and returns what
