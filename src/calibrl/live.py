@@ -90,17 +90,20 @@ def _training_so_far(folder: Path, run: str):
 
 def log_round(spec: dict, seen: dict[str, dict]) -> int:
     """Log every run whose files changed since ``seen`` (updated in place); returns how many were logged."""
-    from calibrl.tracking import Store
+    from calibrl.tracking import Store, StoreError
 
     root = Path(spec["root"])
-    store = None
+    changed = [(run, files) for run in spec["runs"] if (files := _files(root, run)) and files != seen.get(run["run"])]
+    if not changed:
+        return 0
+    try:
+        store = Store(spec["store"])
+    except StoreError as err:  # locked by hand, corrupted: once per round, not once per run
+        log.warning("MLflow live: %s; the next round retries", err)
+        return 0
     logged = 0
-    for run in spec["runs"]:
-        files = _files(root, run)
-        if not files or files == seen.get(run["run"]):
-            continue
+    for run, files in changed:
         try:
-            store = store or Store(spec["store"])
             _log_run(spec, run, files, store)
         except Exception:  # noqa: BLE001 - one run's trouble (a file mid-write) neither stops the rest nor the grid
             log.exception("MLflow live: %s not logged this round; the next round retries, grid_mlflow logs it at "
