@@ -68,10 +68,14 @@ test: test-main test-vllm
 
 # .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
 # .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
-# Two lanes (pytest-xdist, tests/conftest.py groups them): the SLURM modules, mostly waiting on the scheduler, beside
-# the rest; in the order of collection, the SLURM lane first.
+# Two lanes side by side (tests/conftest.py splits them by CALIBRL_TEST_LANE): the modules on the local SLURM, which
+# mostly wait on the scheduler, and the rest; the SLURM lane's output follows the other's. Fails if either fails.
 test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
-	$(BIN)/python -m pytest -m "not vllm" -n 2 --dist loadgroup --no-loadscope-reorder
+	@rm -f .test-slurm.log; \
+	CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm" > .test-slurm.log 2>&1 & slurm=$$!; \
+	CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; rest=$$?; \
+	wait $$slurm; lane=$$?; echo "==== the SLURM lane (CALIBRL_TEST_LANE=slurm) ===="; cat .test-slurm.log; \
+	test $$rest -eq 0 && test $$lane -eq 0
 
 # VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
 # CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.

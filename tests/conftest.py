@@ -49,16 +49,19 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 
 
 def pytest_collection_modifyitems(config, items):
-    """Two lanes under pytest-xdist (`make test`: -n 2 --dist loadgroup): the modules that run jobs on the local SLURM
-    in one group, first (they share its three nodes: jobs of two modules at once would queue behind each other, and
-    their time is mostly waiting on the scheduler), every other module a group of its own (its module fixtures built
-    once, on one worker). Without xdist the marks do nothing and the order is pytest's."""
+    """``CALIBRL_TEST_LANE``: ``slurm`` keeps the modules that run jobs on the local SLURM (any of whose tests uses
+    the ``local_slurm`` fixture), ``rest`` every other module; unset, all. ``make test-main`` runs the two lanes side
+    by side: the SLURM modules mostly wait on the scheduler (the retry test keeps the machine 17% busy), and they
+    must not run beside each other (they share its three nodes: jobs of two modules would queue behind each other)."""
+    lane = os.environ.get("CALIBRL_TEST_LANE")
+    if not lane:
+        return
+    if lane not in ("slurm", "rest"):
+        raise pytest.UsageError(f"CALIBRL_TEST_LANE={lane!r}: use slurm, rest, or leave it unset for every test")
     on_slurm = {item.module.__name__ for item in items if "local_slurm" in item.fixturenames}
-    for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group("local-slurm" if name in on_slurm else name))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.module.__name__ not in on_slurm)  # stable: the SLURM lane starts first
+    keep = [item for item in items if (item.module.__name__ in on_slurm) == (lane == "slurm")]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
 
 
 @pytest.fixture(autouse=True)
