@@ -131,8 +131,11 @@ def _log_run(spec: dict, run: dict, files: dict[str, int], store) -> None:
         record.partial = True
         record.running = record.key == f"grid/{run['run']}" and not done
         ids[record.key] = store.upsert(experiments(spec["experiment"])["grid"], record)
+    if f"grid/{run['run']}" not in ids:  # only the base model's evaluation so far: the run itself comes next round
+        log.info("logged the base model's run of %s; the run has nothing logged yet", run["run"])
+        return
     log.info("logged grid/%s as MLflow run %s: %d evaluations, %d training steps%s", run["run"],
-             ids.get(f"grid/{run['run']}"), len(evals), len(train), "" if done else " (training)")  # fmt: skip
+             ids[f"grid/{run['run']}"], len(evals), len(train), "" if done else " (training)")  # fmt: skip
 
 
 def watch(spec_path: str, parent: int, every: float | None = None) -> None:
