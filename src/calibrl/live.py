@@ -138,14 +138,13 @@ def _log_run(spec: dict, run: dict, files: dict[str, int], store) -> None:
              ids[f"grid/{run['run']}"], len(evals), len(train), "" if done else " (training)")  # fmt: skip
 
 
-def watch(spec_path: str, parent: int, every: float | None = None) -> None:
+def watch(spec_path: str, parent: int, every: float = 10.0) -> None:
     """Log rounds until ``parent`` (Snakemake) is gone or SIGTERM arrives.
 
     ``spec``: root (the results folder), store, experiment, grid and architectures (rule grid_mlflow's params),
-    runs ([{run: "model/method/sN", evals: [planned evaluation files], base: the base model's evaluation}]),
-    every (seconds between rounds)."""
+    runs ([{run: "model/method/sN", evals: [planned evaluation files], base: the base model's evaluation}]).
+    ``every``: seconds between rounds."""
     spec = json.loads(Path(spec_path).read_text())
-    every = every if every is not None else float(spec.get("every", 10.0))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     # what exists now was logged before, or is grid_mlflow's to log: this Snakemake's changes are the live view's
