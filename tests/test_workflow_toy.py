@@ -46,7 +46,12 @@ def test_toy_target_end_to_end(workflow_dir):
     assert len(first) == n_configs + 1
     one = [r for r in first if r.data.tags.get("figure") == "fig1"][0]
     assert len(client.get_metric_history(one.info.run_id, "p_winner_mean")) == 4
-    assert client.list_artifacts(one.info.run_id, "plots")
+    assert not client.list_artifacts(one.info.run_id)  # each figure's plot once, in the summary run
+    summary = [r for r in first if r.info.run_name == "toy verdicts"][0]
+    assert {a.path for a in client.list_artifacts(summary.info.run_id, "plots")} == {
+        f"plots/{f}" for f in ("fig1", "fig2", "fig3", "fig4", "fig5")
+    }
+    assert client.list_artifacts(summary.info.run_id, "plots/fig1")[0].path == "plots/fig1/plot.png"
 
     # Rerunning is idempotent: nothing to do, and a forced MLflow sync duplicates nothing.
     again = snakemake(workflow_dir, "--cores", "2", "toy", "--configfile", str(small), "-n")
