@@ -42,12 +42,12 @@ def test_each_job_reads_only_its_slice():
     changed["grid"]["eval"]["n"] = 4
     changed["grid"]["workers"] = 2
     assert G.train_params(changed, run) == base
-    assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
+    assert G.warmstart_params(changed, "qwen3-tiny-m", 1) == G.warmstart_params(CONFIG, "qwen3-tiny-m", 1)
     assert G.eval_params(changed) != G.eval_params(CONFIG)  # n is the evaluation's own
     changed["grid"]["train"]["lr"] = 1e-3
     assert fingerprint(G.train_params(changed, run)) != fingerprint(base)
     assert G.eval_params(changed) == G.eval_params({"grid": {**changed["grid"], "train": CONFIG["grid"]["train"]}})
-    assert G.warmstart_params(changed, "qwen3-tiny-m") == G.warmstart_params(CONFIG, "qwen3-tiny-m")
+    assert G.warmstart_params(changed, "qwen3-tiny-m", 1) == G.warmstart_params(CONFIG, "qwen3-tiny-m", 1)
     assert changed_keys(base, G.train_params(changed, run)) == ["train.lr"]
     # a DAPO-only setting reruns the DAPO runs alone: a method's spec holds only what applies to it
     dapo_only = json.loads(json.dumps(CONFIG))

@@ -84,9 +84,8 @@ def test_power_matches_a_simulation():
 
 PLAN = """
 level: 0.05
-seeds: [0, 1, 2, 3, 4, 5]
-data_seed: 1
-design: {seeds: [7], data_seed: 0}
+replication: {data_seeds: 3, training_seeds: 2}
+design: {seeds: [7], data_seeds: [0]}
 primary:
   - {id: P1, claim: IAC above GRPO, arms: [iac, grpo], metric: avg_at_8, checkpoints: 2, direction: above,
      margin: 2.0}
@@ -97,10 +96,32 @@ primary:
 """
 
 
-def test_the_plan_refuses_design_seeds_and_other_plans_results(tmp_path):
+def test_the_plan_draws_its_seeds_from_its_own_bytes(tmp_path):
     path = tmp_path / "plan.yaml"
-    path.write_text(PLAN.replace("seeds: [7]", "seeds: [3]"))
-    with pytest.raises(AP.PlanError, match=r"seeds \[3\] both designed the plan and decide it"):
+    path.write_text(PLAN)
+    plan = AP.load(path)
+    assert len(plan.data_seeds) == 3 and len(plan.seeds) == 6 and len(set(plan.seeds) | set(plan.data_seeds)) == 9
+    assert all(AP.SEED_RANGE[0] <= s < AP.SEED_RANGE[1] for s in (*plan.seeds, *plan.data_seeds))
+    assert {plan.data_of[s] for s in plan.seeds} == set(plan.data_seeds)
+    assert [list(plan.data_of.values()).count(d) for d in plan.data_seeds] == [2, 2, 2]  # nested, balanced
+    assert AP.load(path).seeds == plan.seeds  # the same bytes, the same seeds, on any machine
+    assert plan.seeds[:2] == tuple(AP.derive_seeds(plan.sha256, 3, 2, {7, 0})[plan.data_seeds[0]])
+    path.write_text(PLAN + "# a comment\n")  # any edit draws new seeds
+    edited = AP.load(path)
+    assert edited.sha256 != plan.sha256 and not set(edited.seeds) & set(plan.seeds)
+    # a drawn seed never equals a design seed
+    assert not set(AP.derive_seeds(plan.sha256, 3, 2, exclude=set(plan.seeds[:3]))[plan.data_seeds[0]]) & set(
+        plan.seeds[:3]
+    )
+
+
+def test_the_plan_refuses_listed_seeds_and_other_plans_results(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN + "seeds: [0, 1, 2]\n")
+    with pytest.raises(AP.PlanError, match=r"seeds and data_seed are drawn from the plan's own SHA-256"):
+        AP.load(path)
+    path.write_text(PLAN.replace("data_seeds: 3,", "data_seeds: 1,"))
+    with pytest.raises(AP.PlanError, match=r"at least 2 data seeds"):
         AP.load(path)
     path.write_text(PLAN.replace("metric: distinct", "metric: pass@8"))
     with pytest.raises(AP.PlanError, match="primary\\[2\\]: metric 'pass@8'"):
@@ -110,9 +131,14 @@ def test_the_plan_refuses_design_seeds_and_other_plans_results(tmp_path):
     AP.check_records(plan, {"a.json": plan.sha256})
     with pytest.raises(AP.PlanError, match="1 result file\\(s\\) were made under another analysis plan.*b.json"):
         AP.check_records(plan, {"a.json": plan.sha256, "b.json": "0" * 64})
-    grid = {"seed": 0, "extra_seeds": {"iac": [1, 2, 3, 4, 5], "grpo": [1, 2, 3, 4, 5], "filter": [1, 2]},
-            "methods": {"iac": {}, "grpo": {}, "filter": {}}, "data": {"seed": 1}, "eval": {"n": 8}}  # fmt: skip
-    with pytest.raises(AP.PlanError, match="grid.seed / grid.extra_seeds.filter: filter runs seeds \\[0, 1, 2\\]"):
+    grid = {"seed": 0, "extra_seeds": {"filter": [1, plan.seeds[2]]}, "methods": {"iac": {}, "grpo": {}, "filter": {}},
+            "data": {"seed": 1, "source": "countdown"}, "eval": {"n": 8}}  # fmt: skip
+    with pytest.raises(AP.PlanError, match=rf"seeds \[{plan.seeds[2]}\] are drawn by the plan"):
+        AP.check_config(plan, grid)
+    grid["extra_seeds"] = {"filter": [1, 2]}
+    AP.check_config(plan, grid)
+    del grid["methods"]["filter"]
+    with pytest.raises(AP.PlanError, match="primary arm 'filter' is not in grid.methods"):
         AP.check_config(plan, grid)
 
 
@@ -121,13 +147,13 @@ BASE_MODES = {"3*5": -1.0, "3+12": -2.0}
 SUPPRESSED = {"grpo": 0.6, "iac": 0.2, "filter": 0.6}
 
 
-def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int = 8) -> list[str]:
+def per_problem_files(res: Path, effects: dict[str, float], seeds: list[int], n: int = 8) -> list[str]:
     """Evaluation files with per-problem results: method m solves problems at rate 0.4 + effects[m] + seed noise,
     and on a share SUPPRESSED[m] of the problems one correct mode is less likely than under the base model."""
     rng = np.random.default_rng(0)
     paths = []
     for method, effect in effects.items():
-        for seed in range(seeds):
+        for seed in seeds:
             u = np.random.default_rng(100 + seed).normal(0, 0.02)  # shared by arms: common random numbers
             for step in (50, 100):
                 splits = {}
@@ -148,11 +174,11 @@ def per_problem_files(res: Path, effects: dict[str, float], seeds: int, n: int =
     return paths
 
 
-def base_files(res: Path, seeds: int, distinct: int, n: int = 8) -> list[str]:
+def base_files(res: Path, seeds: list[int], distinct: int, n: int = 8) -> list[str]:
     """The base model's step-0 evaluations, one per seed: ``distinct`` correct answers on every problem."""
     rng = np.random.default_rng(1)
     paths = []
-    for seed in range(seeds):
+    for seed in seeds:
         splits = {}
         for split, size in (("test", 60), ("ood", 40)):
             correct = rng.binomial(n, 0.4, size).tolist()
@@ -171,17 +197,17 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
     grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
             "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac", "filter"],
                        "figure6": []}, "data": {"source": "countdown"}}  # fmt: skip
-    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=6)
-    paths += base_files(tmp_path, 6, distinct=3)  # every run has at most 2: below the base by > 1 answer
-    pp = load_per_problem(paths, tmp_path)
-    assert len(pp) == (3 * 6 * 2 + 6) * 100
     (tmp_path / "plan.yaml").write_text(PLAN)
     plan = AP.load(tmp_path / "plan.yaml")
+    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=list(plan.seeds))
+    paths += base_files(tmp_path, plan.seeds, distinct=3)  # every run has at most 2: below the base by > 1 answer
+    pp = load_per_problem(paths, tmp_path)
+    assert len(pp) == (3 * 6 * 2 + 6) * 100
     frame = C.grid_claims(pp, pd.DataFrame(), grid, plan)
     assert list(frame.columns) == C.COLUMNS and (frame["plan_sha256"] == plan.sha256).all()
     by = frame.set_index("claim")
     p1, p2, p3 = (by.loc[f"{c.id}: {c.claim}"] for c in plan.primaries)
-    assert p1["role"] == "primary" and p1["verdict"] == "holds" and p1["seeds"] == 6
+    assert p1["role"] == "primary" and p1["verdict"] == "holds" and p1["seeds"] == 6 and p1["df"] == 2  # 3 data seeds
     assert 10 < p1["estimate"] < 20  # percentage points
     assert p2["verdict"] == "absent"  # no effect, measured to within +-5 points (seed sd here: ~2.5 points)
     assert p3["verdict"] == "holds" and p3["estimate"] < -1
@@ -195,6 +221,6 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
     less = by.loc[[c for c in by.index if c.startswith("IAC over-sharpens less than GRPO")][0]]
     assert less["verdict"] == "holds" and 30 < less["estimate"] < 50, less
     # a missing planned seed leaves every primary undecided
-    fewer = C.grid_claims(pp[pp["seed"] != 5], pd.DataFrame(), grid, plan).set_index("claim")
+    fewer = C.grid_claims(pp[pp["seed"] != plan.seeds[-1]], pd.DataFrame(), grid, plan).set_index("claim")
     assert (fewer.loc[[f"{c.id}: {c.claim}" for c in plan.primaries], "verdict"] == "inconclusive").all()
     assert "1 of the plan's 6 seeds missing" in fewer.loc["P1: IAC above GRPO", "note"]

@@ -1,12 +1,22 @@
-"""The pre-registered analysis plan: the primary claims, their quantities, test, margins, seeds and looks, in one
+"""The pre-registered analysis plan: the primary claims, their quantities, test, margins and replication, in one
 YAML file (``grid.claims.plan``) fixed before the data that decide it.
 
-The file's SHA-256 is part of every run's identity (``calibrl.grid.train_params``) and of the base model's
+**Seeds drawn from the plan itself.** The plan does not list the seeds that decide it: it gives how many data seeds
+(each its own problems and its own warm start) and how many training seeds within each, and both are drawn from
+the SHA-256 of the plan file's bytes (:func:`derive_seeds`). Any edit of the plan, a margin, a comment, draws new
+seeds, so a result on the deciding seeds can only have been made after the plan's final bytes existed: its seeds
+cannot be known earlier. The grid runs the plan's arms on exactly these seeds (``calibrl.grid.runs``); the seeds
+that designed the plan are named in it (``design``) and a drawn seed never equals one of them.
+
+**The unit of replication is the data seed.** A training seed belongs to exactly one data seed (a nested design);
+the primaries' test averages each data seed's paired differences over its training seeds and runs Student's t on
+those means, with (data seeds - 1) degrees of freedom (``calibrl.report.claims.primary``).
+
+The file's SHA-256 is also part of every run's identity (``calibrl.grid.train_params``) and of the base model's
 evaluation, so a changed plan retrains rather than re-deciding old results; each evaluation record carries it,
 ``results/claims.csv`` records it per row, and the analysis refuses a record made under another plan
-(:func:`check_records`). The seeds and the data seed that designed the plan are listed in it and must differ from
-the ones that decide it (:func:`load` refuses an overlap), and the config must run what the plan decides on
-(:func:`check_config`), so a mismatch is an error at start-up, not an inconclusive table.
+(:func:`check_records`) or on seeds the plan did not draw (``calibrl.report.claims.primary``); the config must run
+what the plan decides on (:func:`check_config`), so a mismatch is an error at start-up, not an inconclusive table.
 """
 
 from __future__ import annotations
@@ -55,14 +65,40 @@ class Plan:
     path: str
     sha256: str
     level: float
-    seeds: tuple[int, ...]
-    data_seed: int
+    data_seeds: tuple[int, ...]  # drawn from sha256 (derive_seeds)
+    seeds: tuple[int, ...]  # the training seeds, data seed by data seed
+    data_of: dict[int, int]  # training seed -> its data seed
     looks: tuple[int, ...]
     power: float
     primaries: tuple[Primary, ...]
 
     def arms(self) -> set[str]:
         return {a for p in self.primaries for a in p.arms if a != BASE}
+
+
+SEED_RANGE = (1_000, 1_000_000)  # drawn seeds: far from the small numbers people pick by hand
+
+
+def derive_seeds(sha256: str, n_data: int, n_train: int, exclude: set[int] = frozenset()) -> dict[int, list[int]]:
+    """``n_data`` data seeds, each with ``n_train`` training seeds, every seed distinct and outside ``exclude``,
+    drawn from the plan's SHA-256: seed i of a kind is SHA-256("<sha256>/<kind>/<i>") mod the range (stdlib
+    only, so the draw is the same on every machine and version), skipping repeats."""
+    lo, hi = SEED_RANGE
+    taken = set(exclude)
+
+    def draw(kind: str, n: int) -> list[int]:
+        out, i = [], 0
+        while len(out) < n:
+            seed = lo + int(hashlib.sha256(f"{sha256}/{kind}/{i}".encode()).hexdigest(), 16) % (hi - lo)
+            i += 1
+            if seed not in taken:
+                taken.add(seed)
+                out.append(seed)
+        return out
+
+    data = draw("data", n_data)
+    train = draw("train", n_data * n_train)
+    return {d: train[i * n_train : (i + 1) * n_train] for i, d in enumerate(data)}
 
 
 def digest(path: str | Path) -> str:
@@ -82,16 +118,26 @@ def load(path: str | Path) -> Plan:
         raise PlanError(f"{path}: no such analysis plan file")
     raw = yaml.safe_load(path.read_text())
     where = str(path)
-    seeds = tuple(int(s) for s in _need(raw, "seeds", where))
+    if "seeds" in raw or "data_seed" in raw:
+        raise PlanError(
+            f"{where}: seeds and data_seed are drawn from the plan's own SHA-256, not listed: give "
+            "replication: {data_seeds: N, training_seeds: M} (calibrl.analysis_plan.derive_seeds)"
+        )
+    rep = _need(raw, "replication", where)
+    n_data, n_train = (
+        int(_need(rep, "data_seeds", f"{where}: replication")),
+        int(_need(rep, "training_seeds", f"{where}: replication")),
+    )
+    if n_data < 2 or n_train < 1:
+        raise PlanError(f"{where}: replication needs at least 2 data seeds (the test's units) and 1 training seed each")
     design = _need(raw, "design", where)
-    if overlap := set(seeds) & set(design.get("seeds", [])):
-        raise PlanError(f"{where}: seeds {sorted(overlap)} both designed the plan and decide it (design.seeds)")
-    data_seed = int(_need(raw, "data_seed", where))
-    if data_seed == design.get("data_seed"):
-        raise PlanError(f"{where}: data_seed {data_seed} made the problems that designed the plan (design.data_seed)")
-    looks = tuple(int(n) for n in raw.get("looks", [len(seeds)]))
-    if list(looks) != [len(seeds)]:
-        raise PlanError(f"{where}: looks {list(looks)}: only a single look at all {len(seeds)} seeds is implemented")
+    designed = {int(x) for x in [*design.get("seeds", []), *design.get("data_seeds", [])]}
+    sha = digest(path)
+    nested = derive_seeds(sha, n_data, n_train, exclude=designed)
+    seeds = tuple(s for train in nested.values() for s in train)
+    looks = tuple(int(n) for n in raw.get("looks", [n_data]))
+    if list(looks) != [n_data]:
+        raise PlanError(f"{where}: looks {list(looks)}: only a single look at all {n_data} data seeds is implemented")
     primaries = []
     for i, p in enumerate(_need(raw, "primary", where)):
         at = f"{where}: primary[{i}]"
@@ -120,32 +166,31 @@ def load(path: str | Path) -> Plan:
         raise PlanError(f"{where}: primary ids are not unique")
     return Plan(
         path=str(path),
-        sha256=digest(path),
+        sha256=sha,
         level=float(raw.get("level", 0.05)),
+        data_seeds=tuple(nested),
         seeds=seeds,
-        data_seed=data_seed,
+        data_of={t: d for d, train in nested.items() for t in train},
         looks=looks,
         power=float(raw.get("power", 0.8)),
         primaries=tuple(primaries),
     )
 
 
-def seeds_of(grid: dict, method: str) -> list[int]:
-    return [grid["seed"], *grid.get("extra_seeds", {}).get(method, [])]
-
-
 def check_config(plan: Plan, grid: dict) -> None:
-    """The config runs every primary arm on exactly the plan's seeds, on the plan's problems, with enough samples."""
+    """The config runs every primary arm (on the plan's seeds: ``calibrl.grid.runs`` adds them), never lists a seed
+    the plan draws, and takes enough samples."""
     for arm in sorted(plan.arms()):
         if arm not in grid["methods"]:
             raise PlanError(f"{plan.path}: primary arm {arm!r} is not in grid.methods")
-        if sorted(seeds_of(grid, arm)) != sorted(plan.seeds):
-            raise PlanError(
-                f"grid.seed / grid.extra_seeds.{arm}: {arm} runs seeds {sorted(seeds_of(grid, arm))}, the plan "
-                f"({plan.path}) decides on {sorted(plan.seeds)}"
-            )
-    if grid["data"]["seed"] != plan.data_seed:
-        raise PlanError(f"grid.data.seed is {grid['data']['seed']}, the plan ({plan.path}) decides on {plan.data_seed}")
+    listed = {grid["seed"], *(s for seeds in grid.get("extra_seeds", {}).values() for s in seeds)}
+    if clash := sorted(listed & set(plan.seeds)):
+        raise PlanError(
+            f"grid.seed / grid.extra_seeds: seeds {clash} are drawn by the plan ({plan.path}); the plan's arms run "
+            "them by themselves: list other seeds"
+        )
+    if grid["data"]["source"] != "countdown":
+        raise PlanError(f"{plan.path}: data seeds make new problems: only grid.data.source countdown has them")
     need = max((p.k() or 0) for p in plan.primaries)
     if grid["eval"]["n"] < need:
         raise PlanError(f"grid.eval.n is {grid['eval']['n']}: the plan's pass@{need} needs at least {need} samples")

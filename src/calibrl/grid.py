@@ -46,8 +46,19 @@ def _frozen(d: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.items()))
 
 
+def plan(config: dict) -> analysis_plan.Plan | None:
+    """The analysis plan of ``grid.claims.plan`` (None when unset), loaded once per file content."""
+    path = config["grid"]["claims"].get("plan")
+    return _plan(path, analysis_plan.digest(path)) if path else None
+
+
+@cache
+def _plan(path: str, sha256: str) -> analysis_plan.Plan:
+    return analysis_plan.load(path)
+
+
 def runs(config: dict) -> list[Run]:
-    """Every run the config's tables need, each once, in a stable order."""
+    """Every run the config's tables need, and the plan's arms on the seeds it draws, each once, in a stable order."""
     grid = config["grid"]
     wanted: list[Run] = []
     main = grid["main_model"]
@@ -60,7 +71,26 @@ def runs(config: dict) -> list[Run]:
     for name, seeds in grid["extra_seeds"].items():
         for seed in seeds:
             wanted.append(Run(main, name, seed))
+    if (p := plan(config)) is not None:
+        wanted += [Run(main, arm, seed) for arm in sorted(p.arms()) for seed in p.seeds]
     return list(dict.fromkeys(wanted))
+
+
+def data_seed(config: dict, seed: int) -> int:
+    """The data seed (problems and warm start) of training seed ``seed``: the plan's for a seed it draws (each
+    belongs to one data seed), else ``grid.data.seed``."""
+    p = plan(config)
+    return p.data_of[seed] if p is not None and seed in p.data_of else config["grid"]["data"]["seed"]
+
+
+def data_seeds(config: dict) -> list[int]:
+    """Every data seed some run uses, ``grid.data.seed`` first."""
+    return list(dict.fromkeys([config["grid"]["data"]["seed"], *(data_seed(config, r.seed) for r in runs(config))]))
+
+
+def data_file(config: dict, seed: int, split: str) -> str:
+    """A split's file for training seed ``seed``, relative to the results folder: ``data/d{data seed}/{split}``."""
+    return f"data/d{data_seed(config, seed)}/{split}.jsonl"
 
 
 def run_specs(config: dict) -> list[tuple[Run, MethodSpec]]:
@@ -96,7 +126,8 @@ def engine_request(config: dict) -> dict:
 def inputs(config: dict, run: Run) -> dict[str, str]:
     """The run's input files, relative to the results folder: its training data and what its backend needs."""
     spec = method(config, run.method)
-    return {"train": "data/train.jsonl", **backend(config).inputs(config["grid"], run, spec)}
+    d = data_seed(config, run.seed)
+    return {"train": data_file(config, run.seed, "train"), **backend(config).inputs(config["grid"], run, spec, d)}
 
 
 def retention(config: dict) -> dict:
@@ -118,11 +149,12 @@ def memory_of(grid: dict, model: str) -> str | None:
     return grid["models"][model].get("memory")
 
 
-def data_params(grid: dict, split: str) -> dict:
-    """What one data file is made from: the synthetic task's size and seed, or one Hub dataset's source."""
+def data_params(grid: dict, split: str, seed: int) -> dict:
+    """What one data file is made from: the synthetic task's size and data seed ``seed``, or one Hub dataset's
+    source (one data seed only: ``grid.data.seed``)."""
     data = grid["data"]
     if data["source"] == "countdown":
-        return {"source": "countdown", "split": split, "rows": data["splits"][split], "seed": data["seed"]}
+        return {"source": "countdown", "split": split, "rows": data["splits"][split], "seed": seed}
     key = data["train"] if split == "train" else split
     out = {
         "source": "hub",
@@ -137,16 +169,18 @@ def data_params(grid: dict, split: str) -> dict:
     return out
 
 
-def warmstart_params(config: dict, model: str) -> dict:
+def warmstart_params(config: dict, model: str, data: int) -> dict:
+    """A tiny model's warm start on data seed ``data``'s training problems, initialised with that seed: each data
+    seed is its own problems and its own starting model."""
     grid = config["grid"]
     return {
         "model": model,
         "arch": architecture(grid, model),
         "warmstart": grid["warmstart"],
-        "seed": grid["seed"],
+        "seed": data,
         "template": grid["prompt_template"],
         "on_error": grid["data"]["on_error"],
-        "data": data_params(grid, "train"),
+        "data": data_params(grid, "train", data),
     }
 
 
@@ -191,8 +225,8 @@ def train_params(config: dict, run: Run) -> dict:
         "chat_template": grid["chat_template"],
         "enable_thinking": grid["enable_thinking"],
         "on_error": grid["data"]["on_error"],
-        "data": data_params(grid, "train"),
-        "data_seed": grid["data"]["seed"],  # the order of the training queries
+        "data": data_params(grid, "train", data_seed(config, run.seed)),
+        "data_seed": data_seed(config, run.seed),  # the order of the training queries
         # a changed analysis plan retrains: results are decided only under the plan they were made under
         **({"plan": sha} if (sha := plan_sha256(config)) else {}),
     }
@@ -296,6 +330,12 @@ def run_models(config: dict) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def model_files(config: dict) -> list[str]:
+    """The model files (``init`` and ``memory``) of every run, each once: a warm start per (model, data seed) on
+    the CPU backend, a download per model on a GPU backend."""
+    return list(dict.fromkeys(f for r in runs(config) for k, f in inputs(config, r).items() if k in ("init", "memory")))
+
+
 # --------------------------------------------------------------------------------------------- checks
 def ignored_keys(grid: dict) -> list[tuple[str, str]]:
     """(key, why) for each key set in ``grid`` (as written, before defaults) that its trainer or evaluator never
@@ -368,6 +408,6 @@ def problems(config: dict) -> list[tuple[str, str]]:
     if "base" in grid["methods"]:
         out.append(("grid.methods.base", "the name of the base model's arm (calibrl.analysis_plan.BASE); rename it"))
     listable = not any(k.startswith(("grid.tables", "grid.extra_seeds", "grid.main_model", "grid.models",
-                                     "grid.memory_models")) for k, _ in out)  # fmt: skip
+                                     "grid.memory_models", "grid.claims.plan")) for k, _ in out)  # fmt: skip
     specs = run_specs(config) if listable else []
     return out + backend(config).problems(grid, specs)

@@ -29,7 +29,7 @@ GRID = config["grid"]
 BACKEND = G.backend(config)
 RUNS = G.runs(config)
 EVAL_STEPS = G.eval_steps(config)
-# Data files under results/data/: "train" plus the evaluation splits (synthetic, or Hub datasets).
+# Data files under results/data/d{data seed}/: "train" plus the evaluation splits (synthetic, or Hub datasets).
 SPLITS = list(dict.fromkeys(["train", *GRID["data"].get("splits", {}), *GRID["data"]["eval_splits"]]))
 EVAL_SPLITS = GRID["data"]["eval_splits"]
 MODELS = list(GRID["models"]) + list(GRID["memory_models"])
@@ -39,6 +39,7 @@ wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS),
     method="|".join(re.escape(m) for m in GRID["methods"]),
     seed=r"\d+",
+    data=r"\d+",
     step=r"\d+",
     end=r"\d+",
     split="|".join(SPLITS),
@@ -59,11 +60,16 @@ WORKERS = GRID["workers"]
 
 
 def data_params(wildcards):
-    return G.data_params(GRID, wildcards.split)
+    return G.data_params(GRID, wildcards.split, int(wildcards.data))
 
 
 def warmstart_params(wildcards):
-    return G.warmstart_params(config, wildcards.model)
+    return G.warmstart_params(config, wildcards.model, int(wildcards.data))
+
+
+def eval_splits(wildcards):
+    """The evaluation splits of the run's data seed (each data seed has its own problems, calibrl.grid.data_seed)."""
+    return [res(G.data_file(config, int(wildcards.seed), split)) for split in EVAL_SPLITS]
 
 
 def train_params(wildcards):

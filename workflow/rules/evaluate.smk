@@ -12,7 +12,7 @@
 rule evaluate:
     input:
         trained=ancient(trained_checkpoint),
-        splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
+        splits=eval_splits,
         settings=run_settings,
         preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
@@ -33,13 +33,13 @@ rule evaluate:
         "../../scripts/evaluate.py"
 
 
-# The base model every run of {model} starts from, evaluated as step 0 with seed {seed}'s sampling stream (the
-# stream that seed's checkpoints use), so the over-sharpening claims compare each seed's runs with the base on
-# common samples. Its identity is the model's info file and the evaluation settings; "base" is no method's name.
+# The base model the runs of {model} with seed {seed} start from (its data seed's warm start), evaluated as step 0
+# with seed {seed}'s sampling stream (the stream that seed's checkpoints use), so the over-sharpening claims compare
+# each seed's runs with the base on common samples. Its identity is the model's info file and the evaluation settings; "base" is no method's name.
 rule evaluate_base:
     input:
-        model=lambda w: res(BACKEND.model_file(w.model)),
-        splits=expand(res("data/{split}.jsonl"), split=EVAL_SPLITS),
+        model=lambda w: res(BACKEND.model_file(w.model, G.data_seed(config, int(w.seed)))),
+        splits=eval_splits,
         preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
         res("runs/{model}/base/s{seed}/eval/step_0.json"),

@@ -20,8 +20,8 @@ rule download_model:
         "../../scripts/download_model.py"
 
 
-# Every model the grid's runs train from, prepared first (a DLC run's memory model included).
-MODEL_INFOS = [res(BACKEND.model_file(m)) for m in G.run_models(config)]
+# Every model the grid's runs train from, prepared first (a DLC run's memory model included; a warm start per data seed).
+MODEL_INFOS = [res(f) for f in G.model_files(config)]
 
 
 # On a GPU backend: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the

@@ -7,17 +7,18 @@
 # scratch (calibrl.checkpoints).
 
 
-# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 (Hub models need none).
+# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 on data seed {data}'s training
+# problems, initialised with that seed (Hub models need none).
 rule warmstart:
     input:
-        train=res("data/train.jsonl"),
+        train=res("data/d{data}/train.jsonl"),
     output:
-        model=directory(res("models/{model}/init")),
-        info=res("models/{model}/init.json"),
+        model=directory(res("models/{model}/d{data}/init")),
+        info=res("models/{model}/d{data}/init.json"),
     params:
         settings=warmstart_params,
     log:
-        res("logs/warmstart/{model}.log"),
+        res("logs/warmstart/{model}/d{data}.log"),
     threads: 1
     priority: 20  # the head of the longest chain (warm start -> training -> evaluation): start it first
     conda:
@@ -94,7 +95,7 @@ rule train_metrics:
 # ranks its queries in the training job itself).
 rule rank_train:
     input:
-        train=res("data/train.jsonl"),
+        train=res(f"data/d{GRID['data']['seed']}/train.jsonl"),
         preflight=preflight_gate(lambda w: ENGINE_REQUEST),
     output:
         res("models/{model}/train_success.json"),

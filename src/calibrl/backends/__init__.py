@@ -30,12 +30,15 @@ class Backend(Protocol):
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         """(dotted key, what is wrong) for what this backend cannot run; ``grid`` has its defaults filled in."""
 
-    def model_file(self, model: str) -> str:
-        """The file under the results folder that names model ``model``'s folder (the rule making it prepares it)."""
+    def model_file(self, model: str, data: int) -> str:
+        """The file under the results folder that names model ``model``'s folder (the rule making it prepares it)
+        for the runs on data seed ``data`` (a model warm-started on that seed's problems; a downloaded model is the
+        same for every data seed)."""
 
-    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec, data: int) -> dict[str, str]:
         """A run's input files under the results folder besides its data: ``init`` (the policy), ``memory``
-        (DLC), ``success`` (the filtering baseline's ranking, where a job of its own makes it)."""
+        (DLC), ``success`` (the filtering baseline's ranking, where a job of its own makes it); ``data``: the run's
+        data seed."""
 
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
         """The steps at which the run's training jobs end, the last one ``grid.train.steps``."""

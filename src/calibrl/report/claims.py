@@ -26,7 +26,7 @@ from calibrl.analysis_plan import BASE, Plan
 from calibrl.metrics import pass_at_k
 from calibrl.report.load import metrics
 
-COLUMNS = ["claim", "role", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "p", "p_holm",
+COLUMNS = ["claim", "role", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "df", "p", "p_holm",
            "p_equiv", "p_equiv_holm", "margin", "verdict", "note", "plan_sha256"]  # fmt: skip
 KEYS = ["model", "method", "seed", "split", "problem"]
 
@@ -182,8 +182,8 @@ def _row(text: str, role: str, source: str, quantity: str, e: S.Estimate | None,
     if e is None:
         return {"claim": text, "role": role, "source": source, "quantity": quantity, "seeds": 0, "note": note}
     return {"claim": text, "role": role, "source": source, "quantity": quantity, "estimate": e.estimate,
-            "ci_low": e.ci_low, "ci_high": e.ci_high, "seeds": e.seeds, "p": e.p, "p_equiv": e.p_equiv,
-            "margin": e.margin, "note": note}  # fmt: skip
+            "ci_low": e.ci_low, "ci_high": e.ci_high, "seeds": e.seeds, "df": e.seeds - 1, "p": e.p,
+            "p_equiv": e.p_equiv, "margin": e.margin, "note": note}  # fmt: skip
 
 
 def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = frozenset()) -> pd.DataFrame:
@@ -212,26 +212,40 @@ def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = f
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def unit_differences(plan: Plan, sample: S.Sample, claim) -> np.ndarray:
+    """The claim's paired differences (in its unit) averaged per data seed, in the plan's order of data seeds: the
+    units its test replicates over (each data seed's training seeds are nested in it, not independent draws)."""
+    d = (sample.per_seed(claim.arms[0]) - sample.per_seed(claim.arms[1])) * claim.scale
+    unit = np.array([plan.data_of[s] for s in sample.seeds])
+    return np.array([d[unit == u].mean() for u in plan.data_seeds])
+
+
 def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
-    """The plan's primary claims on ``model``, decided together (``calibrl.stats.decide``: Holm over them for the
-    difference and the equivalence p-values alike, five-way verdicts)."""
+    """The plan's primary claims on ``model``, decided together (``calibrl.stats.decide`` on the per-data-seed
+    means of the paired differences: Holm over the primaries for the difference and the equivalence p-values
+    alike, five-way verdicts). A claim misses none of the plan's seeds, or it is not decided."""
     rows, diffs = [], []
     for c in plan.primaries:
         q = problem_quantity(pp, c.metric, c.checkpoints)
         sample = sample_of(q, model, c.arms, plan.seeds)
-        quantity = f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s), paired t on seeds"
+        quantity = (
+            f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s); paired per training seed, averaged "
+            f"per data seed, t on the {len(plan.data_seeds)} data seeds"
+        )
         missing = len(plan.seeds) - (sample.n_seeds if sample else 0)
         if sample is None or missing:
             diffs.append(None)
             note = f"{missing} of the plan's {len(plan.seeds)} seeds missing: not decided"
             rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, None, note))
             continue
-        diffs.append((sample.per_seed(c.arms[0]) - sample.per_seed(c.arms[1])) * c.scale)
+        diffs.append(unit_differences(plan, sample, c))
         rows.append({"claim": f"{c.id}: {c.claim}", "role": "primary", "source": plan.path, "quantity": quantity})
     decision = S.decide(diffs, [c.margin for c in plan.primaries], [c.direction for c in plan.primaries], plan.level)
     for row, e, c in zip(rows, decision.estimates, plan.primaries):
         if e is not None:
-            row.update(_row(row["claim"], "primary", plan.path, row["quantity"], e, f"margin +-{c.margin:g} {c.unit}"))
+            per = len(plan.seeds) // len(plan.data_seeds)
+            note = f"margin +-{c.margin:g} {c.unit}; {len(plan.data_seeds)} data seeds x {per} training seeds"
+            row.update(_row(row["claim"], "primary", plan.path, row["quantity"], e, note) | {"seeds": len(plan.seeds)})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["p_holm"] = decision.p_holm
     frame["p_equiv_holm"] = decision.p_equiv_holm

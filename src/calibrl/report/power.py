@@ -1,10 +1,13 @@
-"""The power of an analysis plan's primary claims, from per-seed, per-problem results.
+"""The power of an analysis plan's primary claims, and the variance components behind it, from per-seed,
+per-problem results.
 
-For each primary claim (``calibrl.analysis_plan``), from a results folder: the per-seed paired differences D_s of
-its quantity (the unit of replication; each seed's arms share data order and evaluation samples, so D_s holds
-training and evaluation noise once each), their standard deviation, and the power of the plan's paired t test
-for an effect equal to the claim's margin at the plan's seeds, at the Bonferroni level alpha / m (Holm's first
-step: a lower bound on Holm's power for that claim), with the fewest seeds that reach the plan's target power.
+For each primary claim (``calibrl.analysis_plan``), from a results folder: the paired differences D_s of its
+quantity per training seed (each seed's arms share data order and evaluation samples), their means per data seed
+(the unit of replication: the test's input), the standard deviation of those means, and the power of the plan's
+t test for an effect equal to the claim's margin at the plan's data seeds, at the Bonferroni level alpha / m
+(Holm's first step: a lower bound on Holm's power for that claim), with the fewest data seeds that reach the plan's
+target power. The variance components of D_s (a one-way nested ANOVA: between data seeds, and between training
+seeds within one) say where the noise is, and so how to split a budget between data and training seeds.
 ``--record FILE`` also writes the primary arms' per-seed, per-problem results (the calibration test's input,
 ``tests/test_calibration.py``).
 
@@ -17,7 +20,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from calibrl import analysis_plan as AP
@@ -26,12 +28,23 @@ from calibrl.report.claims import problem_quantity, sample_of
 from calibrl.report.load import load_per_problem
 
 
-def differences(pp: pd.DataFrame, plan: AP.Plan, claim: AP.Primary, model: str) -> np.ndarray:
-    """D_s of ``claim`` on the plan's seeds present in ``pp`` (in the claim's unit)."""
+def differences(pp: pd.DataFrame, plan: AP.Plan, claim: AP.Primary, model: str) -> pd.DataFrame:
+    """D_s of ``claim`` (in its unit) per training seed of the plan present in ``pp``, with its data seed."""
     sample = sample_of(problem_quantity(pp, claim.metric, claim.checkpoints), model, claim.arms, plan.seeds)
     if sample is None:
         raise ValueError(f"{claim.id}: arms {claim.arms} of {model} have no common seeds of the plan")
-    return (sample.per_seed(claim.arms[0]) - sample.per_seed(claim.arms[1])) * claim.scale
+    d = (sample.per_seed(claim.arms[0]) - sample.per_seed(claim.arms[1])) * claim.scale
+    return pd.DataFrame({"seed": sample.seeds, "data": [plan.data_of[s] for s in sample.seeds], "d": d})
+
+
+def components(d: pd.DataFrame) -> tuple[float, float]:
+    """(variance between data seeds, variance between training seeds within one) of D_s, by the one-way nested
+    ANOVA's method of moments (balanced; the between part floored at 0)."""
+    groups = d.groupby("data")["d"]
+    n = float(groups.size().mean())
+    within = float(groups.var(ddof=1).mean()) if n > 1 else float("nan")
+    between = float(groups.mean().var(ddof=1)) - (within / n if n > 1 else 0.0)
+    return max(between, 0.0), within
 
 
 def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
@@ -39,18 +52,23 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
     out = []
     for c in plan.primaries:
         d = differences(pp, plan, c, model)
-        sd = float(d.std(ddof=1))
+        units = d.groupby("data")["d"].mean()
+        sd = float(units.std(ddof=1))
+        between, within = components(d)
         out.append(
             {
                 "claim": f"{c.id}: {c.claim}",
-                "seeds": len(d),
-                "mean": float(d.mean()),
-                "sd": sd,
+                "data_seeds": len(units),
+                "training_seeds": len(d),
+                "mean": float(d["d"].mean()),
+                "sd_of_data_seed_means": sd,
+                "var_data_seed": between,
+                "var_training_seed": within,
                 "margin": c.margin,
                 "unit": c.unit,
                 "level": level,
-                "power_at_plan_seeds": S.power(sd, c.margin, len(plan.seeds), level),
-                "seeds_needed": S.seeds_needed(sd, c.margin, plan.power, level),
+                "power_at_plan_data_seeds": S.power(sd, c.margin, len(plan.data_seeds), level),
+                "data_seeds_needed": S.seeds_needed(sd, c.margin, plan.power, level),
             }
         )
     return out

@@ -36,13 +36,13 @@ class LocalBackend:
                     out.append((f"grid.{kind}.{name}", what))
         return out
 
-    def model_file(self, model: str) -> str:
-        return f"models/{model}/init.json"  # rule warmstart
+    def model_file(self, model: str, data: int) -> str:
+        return f"models/{model}/d{data}/init.json"  # rule warmstart, on data seed {data}'s problems
 
-    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
-        out = {"init": self.model_file(run.model)}
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec, data: int) -> dict[str, str]:
+        out = {"init": self.model_file(run.model, data)}
         if spec.uses_dlc:
-            out["memory"] = self.model_file(grid["models"][run.model]["memory"])
+            out["memory"] = self.model_file(grid["models"][run.model]["memory"], data)
         return out  # the filtering baseline ranks its queries in the training job, at step 0
 
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:

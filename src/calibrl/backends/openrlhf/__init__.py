@@ -78,13 +78,13 @@ class OpenRLHFBackend:
             out += L.problems(grid, [(run.model, spec.uses_kl, spec.uses_dlc) for run, spec in runs])
         return out
 
-    def model_file(self, model: str) -> str:
-        return f"models/{model}/hub.json"  # rule download_model, on the login node
+    def model_file(self, model: str, data: int) -> str:
+        return f"models/{model}/hub.json"  # rule download_model, on the login node: one for every data seed
 
-    def inputs(self, grid: dict, run: Run, spec: MethodSpec) -> dict[str, str]:
-        out = {"init": self.model_file(run.model)}
+    def inputs(self, grid: dict, run: Run, spec: MethodSpec, data: int) -> dict[str, str]:
+        out = {"init": self.model_file(run.model, data)}
         if spec.uses_dlc:
-            out["memory"] = self.model_file(grid["models"][run.model]["memory"])
+            out["memory"] = self.model_file(grid["models"][run.model]["memory"], data)
         if spec.filters:  # ranked by the initial model with vLLM, once per model (rule rank_train)
             out["success"] = f"models/{run.model}/train_success.json"
         return out
