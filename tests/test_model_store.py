@@ -174,7 +174,7 @@ def test_the_paper_grid_plans_one_download_per_model(tmp_path):
     # the runs wait for their downloads: DLC's for the policy's and the memory's
     r = f"{tmp_path}/r"
     dlc = (
-        f"input: {r}/data/train.jsonl, {r}/models/qwen3-8b/hub.json, {r}/models/qwen3-1.7b/hub.json, "
+        f"input: {r}/data/d0/train.jsonl, {r}/models/qwen3-8b/hub.json, {r}/models/qwen3-1.7b/hub.json, "
         f"{r}/runs/qwen3-8b/dapo_iac_dlc/s0/settings.json"
     )
     assert dlc in text
