@@ -375,7 +375,14 @@ def test_snakemake_killed_mid_training_then_rerun(tmp_path):
     grid["warmstart"].update(steps=200, batch_size=32)
     write_config(work / "config" / "config.yaml", cfg)
     target = "results/runs/qwen3-tiny-m/dapo_iac_dlc/s0/metrics.jsonl"
-    snakemake(work, "--cores", "1", "results/models/qwen3-tiny-xs/init.json", "results/models/qwen3-tiny-m/init.json")
+    d = grid["data"]["seed"]  # seed 0's data seed (the plan's arms run other seeds)
+    snakemake(
+        work,
+        "--cores",
+        "1",
+        f"results/models/qwen3-tiny-xs/d{d}/init.json",
+        f"results/models/qwen3-tiny-m/d{d}/init.json",
+    )
     reference = tmp_path / "reference"
     shutil.copytree(work, reference, symlinks=True)  # same warm starts (their info files point into `work`)
     ref = snakemake_group(reference, tmp_path / "reference.out", target)  # side by side with the killed one
