@@ -83,11 +83,6 @@ def data_seed(config: dict, seed: int) -> int:
     return p.data_of[seed] if p is not None and seed in p.data_of else config["grid"]["data"]["seed"]
 
 
-def data_seeds(config: dict) -> list[int]:
-    """Every data seed some run uses, ``grid.data.seed`` first."""
-    return list(dict.fromkeys([config["grid"]["data"]["seed"], *(data_seed(config, r.seed) for r in runs(config))]))
-
-
 def data_file(config: dict, seed: int, split: str) -> str:
     """A split's file for training seed ``seed``, relative to the results folder: ``data/d{data seed}/{split}``."""
     return f"data/d{data_seed(config, seed)}/{split}.jsonl"
