@@ -8,7 +8,8 @@ from calibrl import jobserver
 if __name__ == "__main__":
     p = snakemake.params
     grid = {"seed": p.seed, "main_model": p.main_model, "models": p.models, "methods": p.methods, "tables": p.tables,
-            "eval": p.eval, "train": p.train, "data": {"eval_splits": p.eval_splits, "source": p.source},
+            "eval": p.eval, "train": p.train, "data": {"eval_splits": p.eval_splits, "source": p.source,
+            "seed": p.data_seed},
             "claims": p.claims}  # fmt: skip
     results = str(Path(snakemake.output.done).parent)  # the results folder: runs/, tables/, figures/
     inp = snakemake.input

@@ -6,4 +6,4 @@ from calibrl import jobserver
 if __name__ == "__main__":
     out = snakemake.output
     jobserver.run("calibrl.backends.local.warmstart:warmstart_job", snakemake.log[0], snakemake.params.settings,
-                  snakemake.input.train, out.model, out.info, snakemake.threads)  # fmt: skip
+                  snakemake.input.sft, out.model, out.info, snakemake.threads)  # fmt: skip

@@ -9,18 +9,20 @@ the plan's primaries for each, five-way verdicts) on the embedded default's own 
 - **power**: each primary, with an effect of its margin in its claimed direction (the others null) and the
   recorded spread of its paired differences, is found ("holds") in at least 80% of experiments.
 
-The recording (tests/data/recorded_default.csv.gz: per seed and per problem, the correct samples out of n = 32
-and the distinct correct answers of the plan's primary arms at the final checkpoint, and of the base model at
-step 0, from a full run of the default; regenerate with ``python -m calibrl.report.power RESULTS --record
-tests/data/recorded_default.csv.gz``) gives each recorded seed's value of each primary's quantity per arm,
-computed through the claims' own code (per-problem metric, split weights, per-seed mean), grouped by data seed
-(the plan's unit of replication: its training seeds are nested in it). A simulated experiment draws the plan's
+The recording (tests/data/recorded_default.csv.gz: per seed and per problem, the correct samples out of n = 32,
+the distinct correct answers and each correct mode's log-probability of the plan's primary arms at the final
+checkpoint, and of the base model at step 0, from a full run of the default; regenerate with
+``python -m calibrl.report.power RESULTS --record tests/data/recorded_default.csv.gz``) gives each recorded seed's
+value of each primary's quantity per arm, computed through the claims' own code (per-problem metric, the plan's
+split weights, per-seed mean), grouped by data seed (the plan's unit of replication: its training seeds are nested
+in it). A simulated experiment draws the plan's
 number of data seeds from the recorded ones, with replacement, each with its training seeds, and the same draws
-for every claim (so the claims keep the correlation they have: P3 and P4 compare the same runs); the decision
+for every claim (so the claims keep the correlation they have: P1, P2 and P6 compare the same runs); the decision
 function sees each data seed's mean difference, as ``calibrl.report.claims.primary`` gives it. Two kinds of true
 null:
 - **relabelled arms**: the recorded paired differences, each training seed's arms swapped at random (under no
-  effect a seed's two arms are exchangeable; claims on the same pair of arms swap together);
+  effect a seed's two arms are exchangeable; claims on the same pair of arms swap together; against the base
+  model, P5's swapped differences keep their size, a conservative null for that claim);
 - **split halves**: each claim's first arm against itself within each data seed: half of its training seeds
   against the other half (the same problems and warm start; no pairing across arms, no effect by construction).
 The same draws serve a null and its equivalence edge (common random numbers), which adds the margin to every
@@ -29,12 +31,12 @@ data seed."""
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from calibrl import analysis_plan as AP
 from calibrl import stats as S
-from calibrl.report.claims import problem_quantity, sample_of
+from calibrl.report.claims import primary_sample
+from calibrl.report.power import read_record
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = Path(__file__).parent / "data" / "recorded_default.csv.gz"
@@ -50,11 +52,11 @@ def recorded() -> dict:
     data seeds in the plan's order; and the plan."""
     if not RECORDED.is_file():
         pytest.fail(f"{RECORDED} is missing: regenerate it (see this module's docstring)")
-    pp = pd.read_csv(RECORDED)
+    pp = read_record(RECORDED)
     plan = AP.load(REPO / "config" / "plan.yaml")
     arms = {}
     for c in plan.primaries:
-        sample = sample_of(problem_quantity(pp, c.metric, c.checkpoints), MODEL, c.arms, plan.seeds)
+        sample = primary_sample(c, pp, MODEL, plan.seeds)
         assert sample is not None and sample.n_seeds == len(plan.seeds), c.id
         rows = [[sample.seeds.index(s) for s in plan.seeds if plan.data_of[s] == d] for d in plan.data_seeds]
         arms[c.id] = [(sample.per_seed(a) * c.scale)[np.array(rows)] for a in c.arms]
@@ -116,13 +118,10 @@ def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     assert 0.03 <= false_equivalence <= 0.07
 
 
-UNDERPOWERED = {  # primaries the recording shows the plan cannot find at its margin: each a known failure, strict
-    "P3": "pass@32 varies between data seeds (variance 2.7 points^2 between, 2.5 within): 0.38 power at 8 data seeds, "
-    "15 needed (python -m calibrl.report.power results); the plan's next revision replaces it (issue 33)",
-}
+UNDERPOWERED: dict[str, str] = {}  # primaries the recording shows the plan cannot find at its margin (strict xfails)
 
 
-@pytest.mark.parametrize("claim", ["P1", "P2", "P3", "P4"])
+@pytest.mark.parametrize("claim", ["P1", "P2", "P3", "P4", "P5", "P6"])
 def test_each_primary_finds_an_effect_of_its_margin(recorded, claim, request):
     if claim in UNDERPOWERED:
         request.applymarker(pytest.mark.xfail(strict=True, reason=UNDERPOWERED[claim]))

@@ -86,6 +86,7 @@ PLAN = """
 level: 0.05
 replication: {data_seeds: 3, training_seeds: 2}
 design: {seeds: [7], data_seeds: [0]}
+splits: {test: 1, ood: 1}
 primary:
   - {id: P1, claim: IAC above GRPO, arms: [iac, grpo], metric: avg_at_8, checkpoints: 2, direction: above,
      margin: 2.0}
@@ -132,7 +133,7 @@ def test_the_plan_refuses_listed_seeds_and_other_plans_results(tmp_path):
     with pytest.raises(AP.PlanError, match="1 result file\\(s\\) were made under another analysis plan.*b.json"):
         AP.check_records(plan, {"a.json": plan.sha256, "b.json": "0" * 64})
     grid = {"seed": 0, "extra_seeds": {"filter": [1, plan.seeds[2]]}, "methods": {"iac": {}, "grpo": {}, "filter": {}},
-            "data": {"seed": 1, "source": "countdown"}, "eval": {"n": 8}}  # fmt: skip
+            "data": {"seed": 1, "source": "countdown", "eval_splits": ["test", "ood"]}, "eval": {"n": 8}}  # fmt: skip
     with pytest.raises(AP.PlanError, match=rf"seeds \[{plan.seeds[2]}\] are drawn by the plan"):
         AP.check_config(plan, grid)
     grid["extra_seeds"] = {"filter": [1, 2]}
@@ -140,6 +141,36 @@ def test_the_plan_refuses_listed_seeds_and_other_plans_results(tmp_path):
     del grid["methods"]["filter"]
     with pytest.raises(AP.PlanError, match="primary arm 'filter' is not in grid.methods"):
         AP.check_config(plan, grid)
+
+
+def test_the_plan_weighs_its_splits_and_measures_over_sharpening(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN.replace("splits: {test: 1, ood: 1}\n", ""))
+    with pytest.raises(AP.PlanError, match=r"primary\[0\]: splits: give the evaluation splits' weights"):
+        AP.load(path)
+    path.write_text(PLAN.replace("splits: {test: 1, ood: 1}", "splits: {test: 1, ood: -1}"))
+    with pytest.raises(AP.PlanError, match=r"weights must be numbers >= 0"):
+        AP.load(path)
+    over = "  - {id: P4, claim: GRPO over-sharpens, arms: [grpo, base], metric: oversharpened, factor: 0.5,\n"
+    over += "     splits: {train: 1}, direction: above, margin: 10.0}\n"
+    path.write_text(PLAN + over)
+    plan = AP.load(path)
+    assert plan.primaries[0].weights() == {"test": 1.0, "ood": 1.0}  # the plan's, by default
+    assert plan.primaries[3].weights() == {"train": 1.0} and plan.primaries[3].factor == 0.5
+    assert plan.primaries[3].scale == 100.0 and plan.primaries[3].k() is None  # points of problems
+    grid = {"seed": 0, "extra_seeds": {}, "methods": {"iac": {}, "grpo": {}, "filter": {}},
+            "data": {"seed": 1, "source": "countdown", "eval_splits": ["test", "ood"]}, "eval": {"n": 8}}  # fmt: skip
+    with pytest.raises(AP.PlanError, match=r"P4 weighs splits \['train'\] that grid.data.eval_splits does not"):
+        AP.check_config(plan, grid)
+    path.write_text(PLAN + "step: 50\n")  # the checkpoint the primaries read, fixed in the plan
+    grid["train"], grid["data"]["eval_splits"] = {"steps": 40}, ["train", "test", "ood"]
+    with pytest.raises(AP.PlanError, match=r"grid.train.steps is 40: the plan .* decides at step 50"):
+        AP.check_config(AP.load(path), grid)
+    grid["train"]["steps"] = 50
+    AP.check_config(AP.load(path), grid)
+    path.write_text(PLAN.replace("margin: 5.0}", "margin: 5.0, factor: 0.5}"))
+    with pytest.raises(AP.PlanError, match=r"primary\[1\]: factor 0.5 is a share in \(0, 1\], for metric"):
+        AP.load(path)
 
 
 # the base model's two correct modes per problem; a run's mode "3*5" falls below it on a share of the problems
@@ -196,7 +227,8 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
 
     grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
             "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": ["grpo", "iac", "filter"],
-                       "figure6": []}, "data": {"source": "countdown"}}  # fmt: skip
+                       "figure6": []},
+            "data": {"source": "countdown", "seed": 0, "eval_splits": ["test", "ood"]}}  # fmt: skip
     (tmp_path / "plan.yaml").write_text(PLAN)
     plan = AP.load(tmp_path / "plan.yaml")
     paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=list(plan.seeds))
@@ -219,7 +251,7 @@ def test_claims_from_files_hold_for_a_real_effect_and_are_absent_for_none(tmp_pa
     assert np.isnan(by.loc["IAC above filtering (AVG@8)", "p_holm"])
     # Definition 2.1 from the measured modes: GRPO over-sharpens on ~60% of the problems, IAC on ~20%
     less = by.loc[[c for c in by.index if c.startswith("IAC over-sharpens less than GRPO")][0]]
-    assert less["verdict"] == "holds" and 30 < less["estimate"] < 50, less
+    assert less["verdict"] == "holds" and 30 < less["estimate"] < 50 and less["df"] == 2, less  # over data seeds
     # a missing planned seed leaves every primary undecided
     fewer = C.grid_claims(pp[pp["seed"] != plan.seeds[-1]], pd.DataFrame(), grid, plan).set_index("claim")
     assert (fewer.loc[[f"{c.id}: {c.claim}" for c in plan.primaries], "verdict"] == "inconclusive").all()

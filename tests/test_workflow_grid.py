@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -53,14 +54,14 @@ def test_micro_grid_end_to_end(finished):
     for method in runs:
         for step in (2, 4):
             ev = json.loads((res / "runs" / "qwen3-tiny-m" / method / "s0" / "eval" / f"step_{step}.json").read_text())
-            assert set(ev["splits"]) == {"test", "ood"}
+            assert set(ev["splits"]) == {"train", "test", "ood"}  # train: RL's own problems
             assert 0 <= ev["splits"]["test"]["avg_at_4"] <= ev["splits"]["test"]["pass_at_4"] <= 1
     drawn = AP.load(workflow_dir / ".test" / "plan.yaml").seeds  # the plan's seeds, drawn from its SHA-256
     assert all((res / "runs" / "qwen3-tiny-m" / m / f"s{s}" / "eval" / "step_4.json").exists()
                for m in ("grpo", "iac") for s in drawn)  # fmt: skip
     for seed in (0, *drawn):  # the base model at step 0, with each seed's sampling stream
         base = json.loads((res / "runs" / "qwen3-tiny-m" / "base" / f"s{seed}" / "eval" / "step_0.json").read_text())
-        assert base["step"] == 0 and base["seed"] == seed and set(base["splits"]) == {"test", "ood"}
+        assert base["step"] == 0 and base["seed"] == seed and set(base["splits"]) == {"train", "test", "ood"}
     assert (res / "runs" / "qwen3-tiny-m" / "filter" / "s0" / "filter.json").exists()
     for table in ("table2", "table3", "table4", "table5"):
         assert (res / "tables" / f"{table}.md").read_text().startswith("### Table")
@@ -78,7 +79,14 @@ def test_micro_grid_end_to_end(finished):
         claims["plan_sha256"] == hashlib.sha256((workflow_dir / ".test" / "plan.yaml").read_bytes()).hexdigest()
     ).all()
     primary = claims[claims["role"] == "primary"]
-    assert list(primary["claim"].str[:3]) == ["P1:", "P2:"] and (primary["seeds"] == 2).all()
+    assert list(primary["claim"].str[:3]) == ["P1:", "P2:", "P3:"] and (primary["seeds"] == 2).all()
+    assert (primary["df"] == 1).all()  # two data seeds
+    over = primary.iloc[2]  # Definition 2.1 from the modes measured at step 0 and step 4, on the training problems
+    assert over["quantity"].startswith("oversharpened (points)") and "splits weighed train 1" in over["quantity"]
+    assert np.isfinite(over["estimate"]) and over["estimate"] >= 0  # the base model against itself is 0
+    regime = claims[claims["source"] == "regime"]
+    assert len(regime) == 2 and regime["quantity"].str.endswith("on train; t over 3 data seeds").all()
+    assert "### What each verdict can and cannot support" not in summary  # the micro plan writes no scope notes
     dlc = claims[claims["claim"] == "DLC adds to DAPO+IAC (AVG@4)"]
     assert dlc.empty or dlc.iloc[0]["verdict"] == "inconclusive"  # one paired seed: never decided
     assert "| claim | role | estimate | 95% CI | seeds | p (Holm for primaries) | verdict |" in summary

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 BASE = "base"  # the arm of the warm start (the model every run starts from), evaluated at step 0 per seed
-METRIC = re.compile(r"^(pass_at_\d+|avg_at_\d+|distinct)$")
+METRIC = re.compile(r"^(pass_at_\d+|avg_at_\d+|distinct|oversharpened)$")
 
 
 class PlanError(ValueError):
@@ -50,14 +50,21 @@ class Primary:
     direction: int  # +1 above, -1 below
     margin: float
     unit: str
+    splits: tuple[tuple[str, float], ...]  # (split, weight): the weight of each evaluation split in the quantity
+    factor: float = 1.0  # metric oversharpened: a correct mode counts as suppressed below this share of the base's
+    scope: str = ""  # what the verdict can and cannot support about the paper's claim at scale (the summary shows it)
 
     @property
     def scale(self) -> float:
-        """Result files hold fractions; percentage points for pass/avg metrics, answers for distinct."""
+        """Result files hold fractions; percentage points for pass/avg metrics and shares of problems, answers for
+        distinct."""
         return 1.0 if self.metric == "distinct" else 100.0
 
     def k(self) -> int | None:
-        return int(self.metric.rsplit("_", 1)[1]) if self.metric != "distinct" else None
+        return int(self.metric.rsplit("_", 1)[1]) if self.metric.startswith(("pass_at_", "avg_at_")) else None
+
+    def weights(self) -> dict[str, float]:
+        return dict(self.splits)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class Plan:
     looks: tuple[int, ...]
     power: float
     primaries: tuple[Primary, ...]
+    step: int | None = None  # the checkpoint the primaries read: the run's final step (grid.train.steps)
 
     def arms(self) -> set[str]:
         return {a for p in self.primaries for a in p.arms if a != BASE}
@@ -138,6 +146,7 @@ def load(path: str | Path) -> Plan:
     looks = tuple(int(n) for n in raw.get("looks", [n_data]))
     if list(looks) != [n_data]:
         raise PlanError(f"{where}: looks {list(looks)}: only a single look at all {n_data} data seeds is implemented")
+    default_splits = raw.get("splits")
     primaries = []
     for i, p in enumerate(_need(raw, "primary", where)):
         at = f"{where}: primary[{i}]"
@@ -150,6 +159,14 @@ def load(path: str | Path) -> Plan:
         direction = {"above": 1, "below": -1}.get(_need(p, "direction", at))
         if direction is None:
             raise PlanError(f"{at}: direction must be 'above' or 'below'")
+        splits = p.get("splits", default_splits)
+        if not isinstance(splits, dict) or not splits:
+            raise PlanError(f"{at}: splits: give the evaluation splits' weights, {{split: weight}} (here or plan-wide)")
+        if any(not isinstance(w, (int, float)) or w < 0 for w in splits.values()) or not sum(splits.values()) > 0:
+            raise PlanError(f"{at}: splits {splits}: weights must be numbers >= 0, not all 0")
+        factor = float(p.get("factor", 1.0))
+        if not 0 < factor <= 1 or ("factor" in p and metric != "oversharpened"):
+            raise PlanError(f"{at}: factor {factor} is a share in (0, 1], for metric oversharpened only")
         primaries.append(
             Primary(
                 id=str(_need(p, "id", at)),
@@ -160,6 +177,9 @@ def load(path: str | Path) -> Plan:
                 direction=direction,
                 margin=float(_need(p, "margin", at)),
                 unit=str(p.get("unit", "points")),
+                splits=tuple((str(k), float(w)) for k, w in splits.items() if w > 0),
+                factor=factor,
+                scope=" ".join(str(p.get("scope", "")).split()),
             )
         )
     if len({p.id for p in primaries}) != len(primaries):
@@ -174,6 +194,7 @@ def load(path: str | Path) -> Plan:
         looks=looks,
         power=float(raw.get("power", 0.8)),
         primaries=tuple(primaries),
+        step=int(raw["step"]) if "step" in raw else None,
     )
 
 
@@ -191,6 +212,14 @@ def check_config(plan: Plan, grid: dict) -> None:
         )
     if grid["data"]["source"] != "countdown":
         raise PlanError(f"{plan.path}: data seeds make new problems: only grid.data.source countdown has them")
+    for p in plan.primaries:
+        if unknown := sorted(set(p.weights()) - set(grid["data"]["eval_splits"])):
+            raise PlanError(f"{plan.path}: {p.id} weighs splits {unknown} that grid.data.eval_splits does not evaluate")
+    if plan.step is not None and grid["train"]["steps"] != plan.step:
+        raise PlanError(
+            f"grid.train.steps is {grid['train']['steps']}: the plan ({plan.path}) decides at step {plan.step}, the "
+            "final checkpoint; train that many steps or write a new plan"
+        )
     need = max((p.k() or 0) for p in plan.primaries)
     if grid["eval"]["n"] < need:
         raise PlanError(f"grid.eval.n is {grid['eval']['n']}: the plan's pass@{need} needs at least {need} samples")

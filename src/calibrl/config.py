@@ -98,7 +98,8 @@ def registry_enums() -> dict[str, list[str]]:
         "trainer": backends.names(),
         "evaluator": evaluate.names(),
         "train_set": hub["train"],
-        "eval_split": ["test", "ood", *hub["eval"]],  # the synthetic task's splits, then the Hub benchmarks
+        # the synthetic task's splits (train: RL's own problems), then the Hub benchmarks
+        "eval_split": ["train", "test", "ood", *hub["eval"]],
     }
 
 

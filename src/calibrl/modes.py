@@ -11,6 +11,7 @@ newline) are not counted: a lower bound on each mode's mass, the same one for ev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from calibrl.data.countdown import canonical, parse_expression
@@ -71,9 +72,12 @@ def measurable(records: Sequence[Mapping]) -> bool:
     return bool(records) and all((r.get("verifier") or {}).get("solutions") for r in records)
 
 
-def suppressed(new: Mapping[str, float], ref: Mapping[str, float]) -> float:
-    """The share of a problem's correct modes whose probability fell from ``ref`` to ``new`` (Definition 2.1: the
-    problem is over-sharpened when it is above 0)."""
+def suppressed(new: Mapping[str, float], ref: Mapping[str, float], factor: float = 1.0) -> float:
+    """The share of a problem's correct modes whose probability fell from ``ref`` to below ``factor`` times it (log
+    probabilities; Definition 2.1 with ``factor`` 1: the problem is over-sharpened when it is above 0; a plan may
+    ask for a fall below a fraction of the reference, so that a mode that merely jitters is not counted)."""
     if set(new) != set(ref):
         raise ValueError(f"the models were measured on different modes: {sorted(new)} vs {sorted(ref)}")
-    return sum(new[m] < ref[m] for m in ref) / len(ref)
+    if not 0 < factor <= 1:
+        raise ValueError(f"factor must be in (0, 1], got {factor}")
+    return sum(new[m] < ref[m] + math.log(factor) for m in ref) / len(ref)

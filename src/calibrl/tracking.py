@@ -172,8 +172,12 @@ class Store:
         )
 
     def _find(self, exp_id: str, key: str):
-        runs = self.client.search_runs([exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=10)
-        return runs
+        if "'" in key and '"' in key:  # MLflow's filter language has no escape for a quote inside a string
+            raise ValueError(f"MLflow run key {key!r} holds both kinds of quote: it cannot be searched for")
+        quote = '"' if "'" in key else "'"
+        return self.client.search_runs(
+            [exp_id], filter_string=f"tags.`{KEY_TAG}` = {quote}{key}{quote}", max_results=10
+        )
 
     def _compare(self, run_id: str, record: RunRecord) -> str:
         """How the stored run stands to ``record``: "part" (the same params and start, every stored metric point one

@@ -94,6 +94,7 @@ rule aggregate:
         train={k: GRID["train"][k] for k in ("steps", "eval_every", "group_size", "prompts_per_step")},
         eval_splits=GRID["data"]["eval_splits"],
         source=GRID["data"]["source"],  # countdown: Definition 2.1's claims (every correct mode is listed)
+        data_seed=GRID["data"]["seed"],  # the data seed of seeds the plan does not draw (claims test over data seeds)
         methods=list(GRID["methods"]),  # their order: one colour per method in every figure
         claims=GRID.get("claims", {"last_checkpoints": 2}),
     log:

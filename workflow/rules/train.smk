@@ -7,11 +7,11 @@
 # scratch (calibrl.checkpoints).
 
 
-# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 on data seed {data}'s training
-# problems, initialised with that seed (Hub models need none).
+# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 on data seed {data}'s sft problems
+# (disjoint from RL's and the test's), initialised with that seed (Hub models need none).
 rule warmstart:
     input:
-        train=res("data/d{data}/train.jsonl"),
+        sft=res("data/d{data}/sft.jsonl"),
     output:
         model=directory(res("models/{model}/d{data}/init")),
         info=res("models/{model}/d{data}/init.json"),

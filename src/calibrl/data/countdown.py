@@ -8,11 +8,13 @@ commutative ops the smaller operand comes first (``3+12``, ``3*5``); ``a-b`` sta
 distinct canonical forms are the task's solution modes, so a policy that keeps writing ``3+12`` and
 never ``3*5`` has lost a mode.
 
-Splits (:data:`SPLITS`): ``train`` and ``test`` draw 4 numbers from 1..20; ``ood`` draws 5 numbers from
-1..30 and uses larger targets (at least 25). In every split 85% of the problems (17 in each block of
-20) have at least two distinct solutions, the rest exactly one. ``train`` and ``test`` are disjoint
-by problem (the sorted numbers and the target, hence also by text): a stable hash sends every
-problem to exactly one of them, whatever the seeds. Records follow :mod:`calibrl.data.records`;
+Splits (:data:`SPLITS`): ``sft`` (the warm start's problems), ``train`` (RL's) and ``test`` draw 4 numbers
+from 1..20; ``ood`` draws 5 numbers from 1..30 and uses larger targets (at least 25). In every split 85% of
+the problems (17 in each block of 20) have at least two distinct solutions, the rest exactly one. ``sft``,
+``train`` and ``test`` are disjoint by problem (the sorted numbers and the target, hence also by text): a
+stable hash sends every in-distribution problem to exactly one of them, whatever the seeds (1 in 10 to
+``test``, 1 in 10 to ``train``, the rest to ``sft``), so RL trains on problems its warm start never saw and is
+tested on problems neither saw. Records follow :mod:`calibrl.data.records`;
 the gold ``answer`` is the target as a string and ``verifier`` holds ``{"numbers", "target", "solutions"}``.
 
 Grading (:func:`check`) parses the response strictly (:func:`parse_expression`, no eval), checks the
@@ -50,13 +52,14 @@ class SplitSpec:
 
 
 SPLITS: dict[str, SplitSpec] = {
+    "sft": SplitSpec(n_numbers=4, lo=1, hi=20, min_target=1, max_target=400, p_multi=0.85),
     "train": SplitSpec(n_numbers=4, lo=1, hi=20, min_target=1, max_target=400, p_multi=0.85),
     "test": SplitSpec(n_numbers=4, lo=1, hi=20, min_target=1, max_target=400, p_multi=0.85),
     "ood": SplitSpec(n_numbers=5, lo=1, hi=30, min_target=25, max_target=900, p_multi=0.85),
 }
 MAX_MISSES = 50_000  # generate() gives up after this many draws in a row without a new problem
 BLOCK = 20  # every block of BLOCK consecutive problems has exactly round(p_multi * BLOCK) multi-solution ones
-TEST_BUCKETS = 10  # 1 in TEST_BUCKETS in-distribution problems belongs to ``test``, the rest to ``train``
+BUCKETS = 10  # an in-distribution problem's hash mod BUCKETS: 0 -> ``test``, 1 -> ``train``, the rest -> ``sft``
 
 
 # ------------------------------------------------------------------ answers
@@ -253,10 +256,11 @@ def sample_solution(record: Mapping, rng: random.Random) -> str:
 # ------------------------------------------------------------------ generation
 
 
-def _is_test_problem(numbers: Sequence[int], target: int) -> bool:
+def _bucket(numbers: Sequence[int], target: int) -> str:
+    """The in-distribution split a problem belongs to, from a stable hash of it (the same whatever the seeds)."""
     key = " ".join(str(x) for x in sorted(numbers)) + f" -> {target}"
     digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % TEST_BUCKETS == 0
+    return {0: "test", 1: "train"}.get(int.from_bytes(digest[:8], "big") % BUCKETS, "sft")
 
 
 def _block_flags(p_multi: float, rng: random.Random) -> list[bool]:
@@ -268,19 +272,19 @@ def _block_flags(p_multi: float, rng: random.Random) -> list[bool]:
 
 
 def generate(split: str, n: int, seed: int) -> list[dict]:
-    """``n`` distinct problems of ``split`` (``train``, ``test`` or ``ood``), deterministic in ``seed``.
+    """``n`` distinct problems of ``split`` (``sft``, ``train``, ``test`` or ``ood``), deterministic in ``seed``.
 
     Each problem is first assigned two-or-more solutions or exactly one: in every block of
     :data:`BLOCK` consecutive problems exactly ``round(p_multi * BLOCK)`` get two or more, at random
     positions, so the fraction holds for small ``n`` too (and a shorter run is a prefix of a longer
     one). Then numbers are drawn until some achievable value in the split's target range has that many
-    solutions and is neither already drawn (same sorted numbers and target) nor, for ``train``/``test``,
-    a problem of the other split; the target is drawn among those values (weighted by
+    solutions and is neither already drawn (same sorted numbers and target) nor, for ``sft``/``train``/``test``,
+    a problem of another of them (:func:`_bucket`); the target is drawn among those values (weighted by
     ``n_solutions - 1`` for multi-solution problems, so 3- and 4-solution targets are favoured).
 
     Raises ``ValueError`` when ``n`` distinct problems cannot be found: the in-distribution space is
-    small (about 8.3k problems with two or more solutions in all), so ``train`` tops out near 8.7k
-    problems and ``test`` near 1k; ``ood`` has room for far more.
+    small (about 8.3k problems with two or more solutions in all), so ``sft`` tops out near 7.7k
+    problems and ``train`` and ``test`` near 1k each; ``ood`` has room for far more.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLITS)}")
@@ -288,7 +292,7 @@ def generate(split: str, n: int, seed: int) -> list[dict]:
         raise ValueError(f"n must be >= 0, got {n}")
     spec = SPLITS[split]
     rng = random.Random(f"countdown:{split}:{seed}")
-    bucket_test = {"train": False, "test": True}.get(split)
+    bucketed = split in ("sft", "train", "test")
     seen: set[tuple[tuple[int, ...], int]] = set()
     records: list[dict] = []
     misses = 0  # number draws since the last new problem
@@ -312,7 +316,7 @@ def generate(split: str, n: int, seed: int) -> list[dict]:
             if spec.min_target <= v <= spec.max_target
             and (len(table[v]) >= 2) == want_multi
             and (sorted_numbers, v) not in seen
-            and (bucket_test is None or _is_test_problem(numbers, v) == bucket_test)
+            and (not bucketed or _bucket(numbers, v) == split)
         ]
         if not pool:
             continue

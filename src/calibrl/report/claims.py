@@ -42,6 +42,7 @@ class Claim:
     metric: str
     kind: str
     arms: tuple[str, ...]
+    splits: tuple[tuple[str, float], ...] = ()  # (split, weight); none: every evaluated split, equally
 
 
 def paper_claims(grid: dict) -> list[Claim]:
@@ -87,6 +88,15 @@ def paper_claims(grid: dict) -> list[Claim]:
         over = "share of problems over-sharpened (Definition 2.1: a correct mode below the base model)"
         out.append(Claim(f"IAC over-sharpens less than GRPO: {over}", "definition 2.1", main, "oversharpened",
                          "diff", ("grpo", "iac")))  # fmt: skip
+    countdown = grid["data"]["source"] == "countdown"
+    if countdown and "train" in grid["data"]["eval_splits"] and "grpo" in tables["table2_3"]:
+        # the regime the miniature is meant to be in (issue 33): RL learns its training problems, and sharpens them
+        learned = "GRPO above the base model on AVG@8, on its training problems"
+        out.append(Claim(f"Regime: {learned}", "regime", main, "avg_at_8", "diff", ("grpo", BASE), (("train", 1.0),)))
+        k = grid["eval"]["n"]
+        crossover = f"the base model above GRPO on pass@{k}, on GRPO's training problems (the large-k crossover)"
+        out.append(Claim(f"Regime: {crossover}", "regime", main, f"pass_at_{k}", "diff", (BASE, "grpo"),
+                         (("train", 1.0),)))  # fmt: skip
     f6 = tables["figure6"]
     if len(f6) >= 2:  # the paper's Figure 6: DAPO+IAC (the last listed) keeps more entropy than DAPO (the first)
         names = {"dapo": "DAPO", "dapo_iac": "DAPO+IAC", "dapo_iac_dlc": "DAPO+IAC+DLC"}
@@ -96,9 +106,9 @@ def paper_claims(grid: dict) -> list[Claim]:
     return out
 
 
-def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
+def problem_quantity(pp: pd.DataFrame, metric: str, last: int, factor: float = 1.0) -> pd.DataFrame:
     """Per (model, method, seed, split, problem): ``metric`` averaged over the ``last`` evaluated checkpoints of
-    the runs (the base model's step 0 for arm ``base``)."""
+    the runs (the base model's step 0 for arm ``base``); ``factor``: metric oversharpened's (``calibrl.modes``)."""
     if pp.empty:
         return pd.DataFrame(columns=[*KEYS, "q"])
     runs = pp[pp["method"] != BASE]
@@ -107,7 +117,7 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
     if metric == "distinct":
         q = sub["distinct"]
     elif metric == "oversharpened":
-        q = _oversharpened(sub, pp[pp["method"] == BASE])
+        q = _oversharpened(sub, pp[pp["method"] == BASE], factor)
     elif metric.startswith("pass_at_"):
         k = int(metric.rsplit("_", 1)[1])
         q = [pass_at_k(n, c, k) for n, c in zip(sub["n"], sub["correct"])]
@@ -117,22 +127,32 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int) -> pd.DataFrame:
     return sub.groupby(KEYS, as_index=False)["q"].mean()
 
 
-def _oversharpened(sub: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
-    """Per row: 1 when some correct mode's probability is below the base model's on the same problem and seed
-    (Definition 2.1, ``calibrl.modes``), else 0; NaN where the modes were not measured."""
+def _oversharpened(sub: pd.DataFrame, base: pd.DataFrame, factor: float = 1.0) -> np.ndarray:
+    """Per row: 1 when some correct mode's probability is below ``factor`` times the base model's on the same
+    problem and seed (Definition 2.1 with ``factor`` 1, ``calibrl.modes``), else 0; NaN where the modes were not
+    measured."""
     ref = {(r.model, r.seed, r.split, r.problem): r.modes for r in base.itertuples()}
     out = []
     for r in sub.itertuples():
         before = ref.get((r.model, r.seed, r.split, r.problem))
         measured = isinstance(r.modes, dict) and isinstance(before, dict)
-        out.append(float(modes.suppressed(r.modes, before) > 0) if measured else np.nan)
+        out.append(float(modes.suppressed(r.modes, before, factor) > 0) if measured else np.nan)
     return np.asarray(out, dtype=float)
 
 
-def sample_of(q: pd.DataFrame, model: str, arms: tuple[str, ...], seeds: tuple[int, ...] | None = None):
+def sample_of(
+    q: pd.DataFrame,
+    model: str,
+    arms: tuple[str, ...],
+    seeds: tuple[int, ...] | None = None,
+    weights: dict[str, float] | None = None,
+):
     """The arms' (seeds x problems) arrays on the seeds every arm has (only ``seeds`` when given); None when an
-    arm is missing."""
+    arm is missing. ``weights``: each split's weight in the quantity (splits not named are left out; by default
+    every split weighs equally); within a split every problem weighs the same."""
     sub = q[(q["model"] == model) & q["method"].isin(arms)]
+    if weights is not None:
+        sub = sub[sub["split"].isin([k for k, w in weights.items() if w > 0])]
     common = set.intersection(*(set(sub[sub["method"] == a]["seed"]) for a in arms)) if len(sub) else set()
     common = sorted(common & set(seeds) if seeds is not None else common)
     if not common:
@@ -143,11 +163,19 @@ def sample_of(q: pd.DataFrame, model: str, arms: tuple[str, ...], seeds: tuple[i
         return None  # an arm without a value at some seed (e.g. no entropy: DAPO trained nothing at the end)
     if wide.isna().any().any():
         raise ValueError(f"arms {arms} of {model} were not evaluated on the same problems")
-    splits = wide.columns.get_level_values("split")
-    per_split = pd.Series(splits).map(pd.Series(splits).value_counts()).to_numpy()
-    weights = 1.0 / (per_split * len(set(splits)))
+    splits = pd.Series(wide.columns.get_level_values("split"))
+    share = splits.map(weights or dict.fromkeys(splits, 1.0)).to_numpy(dtype=float)
+    per_split = splits.map(splits.value_counts()).to_numpy()
+    w = share / per_split
     values = {a: wide.loc[a].loc[common].to_numpy() for a in arms}
-    return S.Sample(values, weights, np.asarray(pd.factorize(splits)[0]), common)
+    return S.Sample(values, w / w.sum(), np.asarray(pd.factorize(splits)[0]), common)
+
+
+def primary_sample(claim, pp: pd.DataFrame, model: str, seeds: tuple[int, ...]):
+    """A primary claim's sample (``calibrl.analysis_plan.Primary``): its metric at its checkpoints, its splits
+    weighed as the plan says, on ``seeds``."""
+    q = problem_quantity(pp, claim.metric, claim.checkpoints, claim.factor)
+    return sample_of(q, model, claim.arms, seeds, claim.weights())
 
 
 def entropy_quantity(train: pd.DataFrame) -> pd.DataFrame:
@@ -159,42 +187,60 @@ def entropy_quantity(train: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"entropy": "q"}).assign(split="train", problem=0)
 
 
-def _pairwise(sample: S.Sample, a: str, others: tuple[str, ...], scale: float) -> S.Estimate:
+def unit_means(d: np.ndarray, units: np.ndarray | None) -> np.ndarray:
+    """Per-seed values averaged within each unit of replication (a data seed), in order of first appearance;
+    ``d`` itself when no units are given."""
+    if units is None:
+        return d
+    return np.array([d[units == u].mean() for u in dict.fromkeys(units.tolist())])
+
+
+def _pairwise(sample: S.Sample, a: str, others: tuple[str, ...], scale: float, units=None) -> S.Estimate:
     """Intersection-union: ``a`` above every arm of ``others``; the weakest pairwise test decides (largest p)."""
-    tests = [S.paired((sample.per_seed(a) - sample.per_seed(o)) * scale) for o in others]
+    tests = [S.paired(unit_means((sample.per_seed(a) - sample.per_seed(o)) * scale, units)) for o in others]
     return max(tests, key=lambda e: (np.nan_to_num(e.p, nan=2.0), -e.estimate))
 
 
-def contrast(claim: Claim, sample: S.Sample, scale: float) -> S.Estimate:
+def contrast(claim: Claim, sample: S.Sample, scale: float, units: np.ndarray | None = None) -> S.Estimate:
+    """The claim's test on the sample; ``units``: each seed's data seed, so that the test's units are the data
+    seeds, as the primaries' (training seeds of one data seed are averaged first)."""
     a = claim.arms
     if claim.kind == "diff":
-        return S.paired((sample.per_seed(a[0]) - sample.per_seed(a[1])) * scale)
+        return S.paired(unit_means((sample.per_seed(a[0]) - sample.per_seed(a[1])) * scale, units))
     if claim.kind == "best":
-        return _pairwise(sample, a[0], a[1:], scale)
+        return _pairwise(sample, a[0], a[1:], scale, units)
     if claim.kind == "interior":  # either interior arm beating both ends: Bonferroni over the two choices
-        e = min((_pairwise(sample, i, a[2:], scale) for i in a[:2]), key=lambda e: np.nan_to_num(e.p, nan=2.0))
+        pairs = (_pairwise(sample, i, a[2:], scale, units) for i in a[:2])
+        e = min(pairs, key=lambda e: np.nan_to_num(e.p, nan=2.0))
         e.p = min(1.0, 2 * e.p) if np.isfinite(e.p) else e.p
         return e
     raise ValueError(f"unknown claim kind {claim.kind!r}")
 
 
-def _row(text: str, role: str, source: str, quantity: str, e: S.Estimate | None, note: str = "") -> dict:
+def _row(
+    text: str, role: str, source: str, quantity: str, e: S.Estimate | None, note: str = "", seeds: int = 0
+) -> dict:
+    """A claims.csv row; ``seeds``: the training seeds behind ``e`` when its units are data seeds."""
     if e is None:
         return {"claim": text, "role": role, "source": source, "quantity": quantity, "seeds": 0, "note": note}
     return {"claim": text, "role": role, "source": source, "quantity": quantity, "estimate": e.estimate,
-            "ci_low": e.ci_low, "ci_high": e.ci_high, "seeds": e.seeds, "df": e.seeds - 1, "p": e.p,
+            "ci_low": e.ci_low, "ci_high": e.ci_high, "seeds": seeds or e.seeds, "df": e.seeds - 1, "p": e.p,
             "p_equiv": e.p_equiv, "margin": e.margin, "note": note}  # fmt: skip
 
 
-def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = frozenset()) -> pd.DataFrame:
-    """The paper's orderings (but those in ``skip``: (model, metric, arms) the primaries decide), unadjusted."""
+def exploratory(
+    pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = frozenset(), plan: Plan | None = None
+) -> pd.DataFrame:
+    """The paper's orderings (but those in ``skip``: (model, metric, arms) the primaries decide), unadjusted; on
+    seeds of several data seeds (the plan's), tested over data seeds, as the primaries."""
+    data_of = plan.data_of if plan else {}
     last = int(grid.get("claims", {}).get("last_checkpoints", 2))
     q = {key: problem_quantity(pp, key, last) for key in metrics(grid)}
     q["entropy"] = entropy_quantity(train)
     q["oversharpened"] = problem_quantity(pp, "oversharpened", last)
     rows = []
     for c in paper_claims(grid):
-        if (c.model, c.metric, c.arms) in skip:
+        if (c.model, c.metric, frozenset(c.arms)) in skip:
             continue
         if c.metric == "oversharpened" and q[c.metric]["q"].isna().any():  # some evaluation did not measure modes
             rows.append(
@@ -202,11 +248,20 @@ def exploratory(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, skip: set = f
                 | {"verdict": "inconclusive", "note": "modes not measured: evaluations made before they were"}
             )
             continue
-        sample = sample_of(q[c.metric], c.model, c.arms)
+        if c.metric not in q:  # a metric no table shows (the regime's pass@n)
+            q[c.metric] = problem_quantity(pp, c.metric, last)
+        sample = sample_of(q[c.metric], c.model, c.arms, None, dict(c.splits) or None)
         scale = 1.0 if c.metric == "entropy" else 100.0
         quantity = "entropy, last quarter" if c.metric == "entropy" else f"{c.metric}, mean of last {last} checkpoints"
-        e = contrast(c, sample, scale) if sample is not None else None
-        row = _row(c.claim, "exploratory", c.source, quantity, e)
+        if c.splits:
+            quantity += ", on " + ", ".join(k for k, _ in c.splits)
+        e, seeds = None, 0
+        if sample is not None:
+            units = np.array([data_of.get(s, grid["data"]["seed"]) for s in sample.seeds])
+            several = len(set(units.tolist())) > 1  # else a test over training seeds, given one data seed's problems
+            e, seeds = contrast(c, sample, scale, units if several else None), sample.n_seeds
+            quantity += f"; t over {len(set(units.tolist()))} data seeds" if several else "; t over training seeds"
+        row = _row(c.claim, "exploratory", c.source, quantity, e, seeds=seeds)
         row["verdict"] = S.verdict(row.get("estimate", np.nan), row.get("p", np.nan))
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -226,11 +281,11 @@ def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
     alike, five-way verdicts). A claim misses none of the plan's seeds, or it is not decided."""
     rows, diffs = [], []
     for c in plan.primaries:
-        q = problem_quantity(pp, c.metric, c.checkpoints)
-        sample = sample_of(q, model, c.arms, plan.seeds)
+        sample = primary_sample(c, pp, model, plan.seeds)
+        weighed = ", ".join(f"{k} {w:g}" for k, w in c.splits)
         quantity = (
-            f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s); paired per training seed, averaged "
-            f"per data seed, t on the {len(plan.data_seeds)} data seeds"
+            f"{c.metric} ({c.unit}), mean of last {c.checkpoints} checkpoint(s), splits weighed {weighed}; paired per "
+            f"training seed, averaged per data seed, t on the {len(plan.data_seeds)} data seeds"
         )
         missing = len(plan.seeds) - (sample.n_seeds if sample else 0)
         if sample is None or missing:
@@ -261,8 +316,8 @@ def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, plan: Plan | 
     frames, skip = [], set()
     if plan is not None:
         frames.append(primary(plan, pp, main))
-        skip = {(main, c.metric, c.arms) for c in plan.primaries}
-    frames.append(exploratory(pp, train, grid, skip))
+        skip = {(main, c.metric, frozenset(c.arms)) for c in plan.primaries}
+    frames.append(exploratory(pp, train, grid, skip, plan))
     out = pd.concat([f for f in frames if len(f)] or frames[-1:], ignore_index=True)
     return out.assign(plan_sha256=plan.sha256 if plan else "")[COLUMNS]
 

@@ -71,7 +71,7 @@ def aggregate_job(
                     "entropy (nats per token)", 1.0)], "step", figs / f"entropy_bands_{main}.png", colors)  # fmt: skip
     verdicts = dict(zip(claims["claim"], claims["verdict"]))
     panels = [
-        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms)),
+        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms), c.factor, c.weights()),
          f"{c.id}: {c.claim}: {verdicts.get(f'{c.id}: {c.claim}', 'not decided')}", c.unit, c.scale)
         for c in primaries
     ]  # fmt: skip
@@ -93,7 +93,7 @@ def aggregate_job(
                     "entropy (nats per token)", 1.0) for model in grid["models"]], "step",
                   figs / "entropy_all.png", colors)  # fmt: skip
     noise = summary.noise_table(evals, grid)
-    write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid))
+    write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid, plan))
     write_json(
         done_path,
         {

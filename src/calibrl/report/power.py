@@ -20,17 +20,18 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from calibrl import analysis_plan as AP
 from calibrl import stats as S
-from calibrl.report.claims import problem_quantity, sample_of
+from calibrl.report.claims import primary_sample
 from calibrl.report.load import load_per_problem
 
 
 def differences(pp: pd.DataFrame, plan: AP.Plan, claim: AP.Primary, model: str) -> pd.DataFrame:
     """D_s of ``claim`` (in its unit) per training seed of the plan present in ``pp``, with its data seed."""
-    sample = sample_of(problem_quantity(pp, claim.metric, claim.checkpoints), model, claim.arms, plan.seeds)
+    sample = primary_sample(claim, pp, model, plan.seeds)
     if sample is None:
         raise ValueError(f"{claim.id}: arms {claim.arms} of {model} have no common seeds of the plan")
     d = (sample.per_seed(claim.arms[0]) - sample.per_seed(claim.arms[1])) * claim.scale
@@ -80,7 +81,18 @@ def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> Non
     runs = pp[(pp["model"] == model) & pp["method"].isin(plan.arms())]
     steps = sorted(runs["step"].unique())[-last:]
     keep = pd.concat([runs[runs["step"].isin(steps)], pp[(pp["model"] == model) & (pp["method"] == AP.BASE)]])
+    if "modes" in keep:  # each problem's {mode: log-probability}, as JSON (NaN where not measured)
+        text = [json.dumps(m, sort_keys=True) if isinstance(m, dict) else None for m in keep["modes"]]
+        keep = keep.assign(modes=text)
     keep.to_csv(path, index=False, compression="gzip")
+
+
+def read_record(path: str | Path) -> pd.DataFrame:
+    """A file :func:`record` wrote, its modes parsed back."""
+    pp = pd.read_csv(path)
+    if "modes" in pp:
+        pp["modes"] = [json.loads(m) if isinstance(m, str) else np.nan for m in pp["modes"]]
+    return pp
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -23,9 +23,10 @@ from calibrl.report.claims import problem_quantity, sample_of
 COLUMNS = ["method", "x", "mean", "low", "high", "seeds"]
 
 
-def _band(q: pd.DataFrame, model: str, method: str) -> tuple[float, float, float, int]:
-    """(mean, low, high, seeds) of one method's per-problem quantity ``q``; one seed: problems only."""
-    sample = sample_of(q, model, (method,))
+def _band(q: pd.DataFrame, model: str, method: str, weights=None) -> tuple[float, float, float, int]:
+    """(mean, low, high, seeds) of one method's per-problem quantity ``q`` (``weights``: the splits', as
+    ``sample_of``); one seed: problems only."""
+    sample = sample_of(q, model, (method,), None, weights)
     if sample is None:
         return (np.nan, np.nan, np.nan, 0)
     if sample.n_seeds >= 2:
@@ -54,16 +55,22 @@ def pass_at_k_curves(pp: pd.DataFrame, model: str, methods: list[str]) -> pd.Dat
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def over_steps(pp: pd.DataFrame, model: str, metric: str, methods: list[str]) -> pd.DataFrame:
-    """(method, x = step, mean, low, high, seeds): ``metric`` ("distinct", "pass_at_K", "avg_at_K") of each of
-    ``methods`` at every evaluated checkpoint, and of the base model (every run's start) at step 0."""
-    sub = pp[pp["model"] == model]
-    methods = [BASE, *[m for m in methods if m != BASE]]
+def over_steps(
+    pp: pd.DataFrame, model: str, metric: str, methods: list[str], factor: float = 1.0, weights=None
+) -> pd.DataFrame:
+    """(method, x = step, mean, low, high, seeds): ``metric`` ("distinct", "pass_at_K", "avg_at_K",
+    "oversharpened" with ``factor``) of each of ``methods`` at every evaluated checkpoint, and of the base model
+    (every run's start, and over-sharpening's reference) at step 0; ``weights``: the splits', as ``sample_of``."""
+    order = [BASE, *[m for m in methods if m != BASE]]
+    sub = pp[(pp["model"] == model) & pp["method"].isin(order)]
+    base = sub[sub["method"] == BASE]
     rows = []
-    for step, at in sub[sub["method"].isin(methods)].groupby("step"):
-        q = problem_quantity(at, metric, 1)  # one step at a time
-        for method in [m for m in methods if m in set(q["method"])]:
-            rows.append((method, step, *_band(q, model, method)))
+    for step in sorted(sub["step"].unique()):
+        at = sub[(sub["step"] == step) & (sub["method"] != BASE)]
+        q = problem_quantity(pd.concat([at, base]) if step else base, metric, 1, factor)  # one step at a time
+        shown = set(at["method"]) if step else {BASE}
+        for method in [m for m in order if m in shown]:
+            rows.append((method, step, *_band(q, model, method, weights)))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

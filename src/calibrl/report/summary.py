@@ -24,7 +24,21 @@ def noise_table(evals: pd.DataFrame, grid: dict) -> pd.DataFrame:
     return frame[multi].pivot_table(index=["metric", "model", "method"], columns="seed", values="avg")
 
 
-def render_summary(claims: pd.DataFrame, checks: list[dict], matched: bool, noise: pd.DataFrame, grid: dict) -> str:
+def scope_notes(claims: pd.DataFrame, plan) -> list[str]:
+    """Per primary, its verdict beside what it can and cannot support at scale (the plan's ``scope``, written with
+    the plan, before its data)."""
+    if plan is None or not any(c.scope for c in plan.primaries):
+        return []
+    verdicts = dict(zip(claims["claim"], claims["verdict"]))
+    lines = ["### What each verdict can and cannot support (the plan's scope notes)", ""]
+    for c in plan.primaries:
+        lines.append(f"- **{c.id}** ({verdicts.get(f'{c.id}: {c.claim}', 'not decided')}): {c.scope or '-'}")
+    return [*lines, ""]
+
+
+def render_summary(
+    claims: pd.DataFrame, checks: list[dict], matched: bool, noise: pd.DataFrame, grid: dict, plan=None
+) -> str:
     from calibrl.published import mark_mismatches
 
     last = int(grid.get("claims", {}).get("last_checkpoints", 2))
@@ -38,9 +52,10 @@ def render_summary(claims: pd.DataFrame, checks: list[dict], matched: bool, nois
         "## Claims: effect, 95% interval, verdict (`claims.csv`)",
         "",
         "Primary claims come from the pre-registered analysis plan (`grid.claims.plan`, its SHA-256 in every "
-        "row of `claims.csv`): each decided by a paired t test on the per-seed differences of its quantity (the "
-        "training seed is the unit of replication; each seed's arms share data order and evaluation samples), "
-        "with Holm over the primaries only, and an equivalence test (TOST) against its margin. Verdicts: "
+        "row of `claims.csv`): each decided by a t test on its quantity's paired differences (each training "
+        "seed's arms share data order and evaluation samples), averaged per data seed: the data seed (its own "
+        "problems and warm start) is the unit of replication, so the test has data seeds - 1 degrees of freedom "
+        "(`df`); Holm over the primaries only, and an equivalence test (TOST) against its margin. Verdicts: "
         "**holds** (different from zero in the claimed direction, not shown smaller than the margin), "
         "**contradicted** (the same, the other way), **negligible** (different from zero, yet equivalent to no "
         "effect within the margin: smaller than the smallest effect the plan calls worth finding), **absent** "
@@ -53,6 +68,7 @@ def render_summary(claims: pd.DataFrame, checks: list[dict], matched: bool, nois
         "",
         *C.render(claims),
         "",
+        *scope_notes(claims, plan),
         "## Beside the paper (peak tables, descriptive)",
         "",
         CELLS_NOTE if matched else ORDER_NOTE,

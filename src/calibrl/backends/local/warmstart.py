@@ -76,13 +76,13 @@ def warmstart(
     return info
 
 
-def warmstart_job(params: dict, train_path: str, model_dir: str, info_path: str, threads: int = 1) -> None:
+def warmstart_job(params: dict, sft_path: str, model_dir: str, info_path: str, threads: int = 1) -> None:
     """Rule warmstart's job: the supervised warm start of a tiny model (``params``: ``grid.warmstart_params``)."""
     from calibrl.data.records import read_jsonl
 
     torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
     ws = params["warmstart"]
-    records = read_jsonl(train_path, on_error=params["on_error"])
+    records = read_jsonl(sft_path, on_error=params["on_error"])
     info = warmstart(
         records, params["arch"], ws["steps"], ws["batch_size"], ws["lr"], params["seed"], params["template"], model_dir
     )
