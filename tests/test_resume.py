@@ -371,7 +371,7 @@ def test_snakemake_killed_mid_training_then_rerun(tmp_path):
         extra_seeds={},
     )
     grid["train"].update(steps=12, eval_every=2)
-    grid["data"]["splits"] = {"train": 48, "test": 4, "ood": 2}
+    grid["data"]["splits"] = {"sft": 48, "train": 16, "test": 4, "ood": 2}
     grid["warmstart"].update(steps=200, batch_size=32)
     write_config(work / "config" / "config.yaml", cfg)
     target = "results/runs/qwen3-tiny-m/dapo_iac_dlc/s0/metrics.jsonl"

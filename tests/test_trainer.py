@@ -189,9 +189,12 @@ def test_reinforce_pp_whitens_over_the_tokens_of_the_trained_batch(init_dir, rec
     """OpenRLHF 0.11.2's reinforce_baseline: group mean, then whitening over every response token of the batch."""
     trainer = make(Method("rpp"), init_dir, records, lambda t, r: [(i % 3 == 0, None) for i in range(len(t))],
                    tmp_path)  # fmt: skip
-    batch = trainer._rollout(records[:4])
-    lengths = batch.rollout.response_mask.sum(-1)
-    assert len(set(lengths.tolist())) > 1  # else tokens and responses would weigh alike
+    for start in range(0, len(records), 4):  # a batch whose responses differ in length: else tokens and responses
+        batch = trainer._rollout(records[start : start + 4])  # would weigh alike
+        lengths = batch.rollout.response_mask.sum(-1)
+        if len(set(lengths.tolist())) > 1:
+            break
+    assert len(set(lengths.tolist())) > 1
     r = batch.rewards.view(4, 4)
     tokens = torch.repeat_interleave((r - r.mean(-1, keepdim=True)).flatten(), lengths)  # one value per token
     expected = ((r - r.mean(-1, keepdim=True)).flatten() - tokens.mean()) / tokens.std(correction=0)

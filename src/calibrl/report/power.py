@@ -76,11 +76,14 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
 
 
 def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> None:
-    """The primary arms' per-problem results at the checkpoints the plan reads (base: step 0), gzipped CSV."""
+    """The primary arms' per-problem results on the plan's seeds, at the checkpoints the plan reads (base: step 0),
+    on the splits its primaries weigh, gzipped CSV."""
     last = max(c.checkpoints for c in plan.primaries)
-    runs = pp[(pp["model"] == model) & pp["method"].isin(plan.arms())]
+    splits = {k for c in plan.primaries for k in c.weights()}
+    mine = pp[(pp["model"] == model) & pp["seed"].isin(plan.seeds) & pp["split"].isin(splits)]
+    runs = mine[mine["method"].isin(plan.arms())]
     steps = sorted(runs["step"].unique())[-last:]
-    keep = pd.concat([runs[runs["step"].isin(steps)], pp[(pp["model"] == model) & (pp["method"] == AP.BASE)]])
+    keep = pd.concat([runs[runs["step"].isin(steps)], mine[mine["method"] == AP.BASE]])
     if "modes" in keep:  # each problem's {mode: log-probability}, as JSON (NaN where not measured)
         text = [json.dumps(m, sort_keys=True) if isinstance(m, dict) else None for m in keep["modes"]]
         keep = keep.assign(modes=text)
