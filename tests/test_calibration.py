@@ -60,7 +60,7 @@ def recorded() -> dict:
         assert sample is not None and sample.n_seeds == len(plan.seeds), c.id
         rows = [[sample.seeds.index(s) for s in plan.seeds if plan.data_of[s] == d] for d in plan.data_seeds]
         arms[c.id] = [(sample.per_seed(a) * c.scale)[np.array(rows)] for a in c.arms]
-    return {"plan": plan, "arms": arms}
+    return {"plan": plan, "arms": arms, "pp": pp}
 
 
 def nulls(recorded: dict, kind: str, rng: np.random.Generator) -> np.ndarray:
@@ -103,6 +103,20 @@ def test_the_recording_is_the_plans_design(recorded):
     assert {a.shape for pair in recorded["arms"].values() for a in pair} == {(len(plan.data_seeds), n)}
 
 
+def test_the_power_report_reads_the_recording(recorded):
+    """``python -m calibrl.report.power``'s figures are those of the data the calibration resamples."""
+    from calibrl.report.power import report
+
+    plan = recorded["plan"]
+    rows = report(recorded["pp"], plan, MODEL)
+    assert [r["claim"] for r in rows] == [f"{c.id}: {c.claim}" for c in plan.primaries]
+    for r, c in zip(rows, plan.primaries):
+        a, b = recorded["arms"][c.id]
+        assert r["sd_of_data_seed_means"] == pytest.approx((a - b).mean(-1).std(ddof=1))
+        assert r["data_seeds"] == len(plan.data_seeds) and r["training_seeds"] == len(plan.seeds)
+        assert min(r["var_data_seed"], r["var_training_seed"], r["var_problems"]) >= 0
+
+
 @pytest.mark.parametrize("kind", ["relabelled", "split_halves"])
 def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     plan = recorded["plan"]
@@ -118,7 +132,11 @@ def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     assert 0.03 <= false_equivalence <= 0.07
 
 
-UNDERPOWERED: dict[str, str] = {}  # primaries the recording shows the plan cannot find at its margin (strict xfails)
+UNDERPOWERED = {  # primaries the recording shows the plan cannot find at its margin: each a known failure, strict
+    "P6": "the over-sharpening difference varies between data seeds (variance 17.9 points^2 between, 9.6 within; "
+    "the design had one data seed, so the plan could not see it): 0.66-0.69 power at 12 data seeds, 15 needed "
+    "(python -m calibrl.report.power results); the plan's next revision must size for it (issue 33)",
+}
 
 
 @pytest.mark.parametrize("claim", ["P1", "P2", "P3", "P4", "P5", "P6"])

@@ -7,7 +7,9 @@ quantity per training seed (each seed's arms share data order and evaluation sam
 t test for an effect equal to the claim's margin at the plan's data seeds, at the Bonferroni level alpha / m
 (Holm's first step: a lower bound on Holm's power for that claim), with the fewest data seeds that reach the plan's
 target power. The variance components of D_s (a one-way nested ANOVA: between data seeds, and between training
-seeds within one) say where the noise is, and so how to split a budget between data and training seeds.
+seeds within one) say where the noise is, and so how to split a budget between data and training seeds; beside
+them, the part of one seed's difference that comes from which problems were drawn (``var_problems``, the problems
+taken as a sample: it is part of the between-data-seed variance, since problems are drawn per data seed).
 ``--record FILE`` also writes the primary arms' per-seed, per-problem results (the calibration test's input,
 ``tests/test_calibration.py``).
 
@@ -30,12 +32,18 @@ from calibrl.report.load import load_per_problem
 
 
 def differences(pp: pd.DataFrame, plan: AP.Plan, claim: AP.Primary, model: str) -> pd.DataFrame:
-    """D_s of ``claim`` (in its unit) per training seed of the plan present in ``pp``, with its data seed."""
+    """D_s of ``claim`` (in its unit) per training seed of the plan present in ``pp``, with its data seed and the
+    variance of D_s due to the sample of problems (``var_problems``)."""
     sample = primary_sample(claim, pp, model, plan.seeds)
     if sample is None:
         raise ValueError(f"{claim.id}: arms {claim.arms} of {model} have no common seeds of the plan")
-    d = (sample.per_seed(claim.arms[0]) - sample.per_seed(claim.arms[1])) * claim.scale
-    return pd.DataFrame({"seed": sample.seeds, "data": [plan.data_of[s] for s in sample.seeds], "d": d})
+    per_problem = (sample.values[claim.arms[0]] - sample.values[claim.arms[1]]) * claim.scale  # (seeds, problems)
+    d = per_problem @ sample.weights
+    # the variance the drawn problems add to one seed's difference: sum_i w_i^2 (x_i - mean)^2, the problems taken
+    # as a sample (they are drawn once per data seed, so this part is inside the between-data-seed variance)
+    problems = ((per_problem - d[:, None]) ** 2 * sample.weights**2).sum(-1)
+    seeds = sample.seeds
+    return pd.DataFrame({"seed": seeds, "data": [plan.data_of[s] for s in seeds], "d": d, "var_problems": problems})
 
 
 def components(d: pd.DataFrame) -> tuple[float, float]:
@@ -65,6 +73,7 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
                 "sd_of_data_seed_means": sd,
                 "var_data_seed": between,
                 "var_training_seed": within,
+                "var_problems": float(d["var_problems"].mean()),
                 "margin": c.margin,
                 "unit": c.unit,
                 "level": level,
