@@ -30,7 +30,7 @@ PROFILE = ["--profile", "slurm", "--profile", str(OVERLAY)]
 # Jobs that go through sbatch; aggregate and toy_mlflow are local rules and run in Snakemake itself.
 REMOTE_RULES = {
     "toy_figure": 5,
-    "data_synthetic": 3,
+    "data_synthetic": 4,  # sft, train, test, ood
     "toy_verdicts": 1,
     "warmstart": 1,
     "train": 1,
@@ -107,7 +107,7 @@ def micro_config(workdir: Path) -> dict:
     cfg = load_config(workdir)
     cfg["toy"].update(steps=10, seeds=2, record_every=5)
     grid = cfg["grid"]
-    grid["data"]["splits"] = {"train": 16, "test": 4, "ood": 2}
+    grid["data"]["splits"] = {"sft": 16, "train": 8, "test": 4, "ood": 2}
     grid["models"] = {
         "qwen3-tiny-m": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 16}
     }
