@@ -72,7 +72,8 @@ def nulls(recorded: dict, kind: str, rng: np.random.Generator) -> np.ndarray:
     idx = rng.integers(0, u, (SIMS, u))
     out = np.empty((SIMS, len(plan.primaries), u))
     if kind == "relabelled":  # each training seed's two arms swapped at random
-        flips = {pair: rng.choice((-1.0, 1.0), (SIMS, u, n)) for pair in {c.arms for c in plan.primaries}}
+        pairs = sorted({c.arms for c in plan.primaries})  # sorted: a set of str tuples iterates in hash order
+        flips = {pair: rng.choice((-1.0, 1.0), (SIMS, u, n)) for pair in pairs}
         for i, c in enumerate(plan.primaries):
             a, b = arms[c.id]
             out[:, i] = ((a - b)[idx] * flips[c.arms]).mean(-1)

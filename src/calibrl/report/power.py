@@ -86,15 +86,20 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
 
 def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> None:
     """The primary arms' per-problem results on the plan's seeds, at the checkpoints the plan reads (base: step 0),
-    on the splits its primaries weigh, gzipped CSV."""
+    on the splits its primaries weigh, gzipped CSV (the modes only of the arms a Definition 2.1 primary compares: the
+    file stays small enough for git)."""
     last = max(c.checkpoints for c in plan.primaries)
     splits = {k for c in plan.primaries for k in c.weights()}
     mine = pp[(pp["model"] == model) & pp["seed"].isin(plan.seeds) & pp["split"].isin(splits)]
     runs = mine[mine["method"].isin(plan.arms())]
     steps = sorted(runs["step"].unique())[-last:]
     keep = pd.concat([runs[runs["step"].isin(steps)], mine[mine["method"] == AP.BASE]])
-    if "modes" in keep:  # each problem's {mode: log-probability}, as JSON (NaN where not measured)
-        text = [json.dumps(m, sort_keys=True) if isinstance(m, dict) else None for m in keep["modes"]]
+    if "modes" in keep:  # each problem's {mode: log-probability}, as JSON, for the arms a Definition 2.1 primary reads
+        measured = {a for c in plan.primaries if c.metric == "oversharpened" for a in c.arms}
+        text = [
+            json.dumps(m, sort_keys=True) if isinstance(m, dict) and arm in measured else None
+            for m, arm in zip(keep["modes"], keep["method"])
+        ]
         keep = keep.assign(modes=text)
     keep.to_csv(path, index=False, compression="gzip")
 
