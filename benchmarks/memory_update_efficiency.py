@@ -1,6 +1,7 @@
 """The DLC memory's update against the policy's at equal tokens, at the paper's shapes (Qwen3-1.7B / Qwen3-8B).
 
     .venv/bin/python benchmarks/memory_update_efficiency.py [--repeat 2] [--dtype bfloat16] [--sequences 1] [--quick]
+                                                            [--whole]
 
 Both updates run ``memory_actor.MemoryWorker.gradients`` (FSDP2, bf16 compute with fp32 master weights, gradient
 checkpointing, the chunked fp32 head loss: the memory's own code, run on the policy's shape too, so the two differ
@@ -13,6 +14,10 @@ weights:
 - the head (final norm, vocabulary projection, fp32 log-softmax and loss, the tied embedding):
   ``t(1 layer, 151,936 tokens) - t(1 layer, small vocabulary)``;
 - the model: ``layers x layer + head``.
+
+A difference inside the timer's noise (a part that takes milliseconds, on a loaded machine) can come out at zero or
+below; the command then stops and names it rather than print a ratio from it. ``--whole`` times each model whole
+instead (only for shapes that fit: ``--quick`` implies it, since its parts take milliseconds).
 
 It prints the memory's update time over the policy's and the efficiency (N_m / N_p) / that ratio, N the parameter
 counts the planner prices by (``calibrl.plan.parameters``). ``--sequences 1,3,30`` times each count of such
@@ -59,17 +64,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (the figure to replace)")
     parser.add_argument("--sequences", default="1", help="comma-separated sequence counts per gradient pass")
     parser.add_argument("--max-tokens", type=int, default=9216, help="micro-batch tokens (max_tokens_per_gpu)")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, 16 + 80 tokens, vocabulary 4,096")
+    parser.add_argument("--whole", action="store_true", help="time each model whole, not in parts (small shapes)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, whole, 16 + 80 tokens, vocabulary 4,096")
     args = parser.parse_args(argv)
     if args.quick:
-        args.prompt, args.response, args.repeat = 16, 80, 1
+        args.prompt, args.response, args.repeat, args.whole = 16, 80, 1, True
     print(f"machine: {machine()} ({args.device}, {args.dtype} compute)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-shard bars for every model saved and loaded
     with tempfile.TemporaryDirectory() as tmp:
-        run(args, Path(tmp))
-    return 0
+        return run(args, Path(tmp))
 
 
 def _shape(role: str, quick: bool) -> tuple[dict, int, int]:
@@ -105,7 +110,7 @@ def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Pat
     return best
 
 
-def run(args, root: Path) -> None:
+def run(args, root: Path) -> int:
     import torch
 
     from calibrl.plan import shape_parameters
@@ -119,20 +124,27 @@ def run(args, root: Path) -> None:
     times, size = {}, {}
     for role in ("memory", "policy"):
         shape, vocab, head_dim = _shape(role, args.quick)
-        times[role] = [
-            seconds(shape, head_dim, n, v, args, root, batches)
-            for n, v in ((1, SMALL_VOCAB), (2, SMALL_VOCAB), (1, vocab))
-        ]
+        parts = [(shape["layers"], vocab)] if args.whole else [(1, SMALL_VOCAB), (2, SMALL_VOCAB), (1, vocab)]
+        times[role] = [seconds(shape, head_dim, n, v, args, root, batches) for n, v in parts]
         size[role] = shape_parameters(shape, vocab, head_dim)
     sizes = size["memory"] / size["policy"]
     for k, count in enumerate(counts):
         total = {}
         for role in ("memory", "policy"):
             shape = _shape(role, args.quick)[0]
+            name = "quick" if args.quick else ROLES[role]
+            if args.whole:
+                total[role] = times[role][0][k]
+                print(f"{role} ({name}, {size[role] / 1e6:,.1f}M parameters): whole model {total[role]:.3f} s")
+                continue
             one, two, full_vocab = (t[k] for t in times[role])
             layer, head = two - one, full_vocab - one
+            if layer <= 0 or head <= 0:
+                print(f"{role}: a part's time is inside the timer's noise (layer {layer:.4f} s, head {head:.4f} s: "
+                      f"differences of whole passes); no ratio from it. Raise --repeat, use longer sequences, or "
+                      f"run on an idle machine (load {os.getloadavg()[0]:.1f}).", file=sys.stderr)  # fmt: skip
+                return 1
             total[role] = shape["layers"] * layer + head
-            name = "quick" if args.quick else ROLES[role]
             print(f"{role} ({name}, {size[role] / 1e6:,.1f}M parameters): layer {layer:.3f} s, head {head:.3f} s; "
                   f"{shape['layers']} x layer + head = {total[role]:.2f} s")  # fmt: skip
         time = total["memory"] / total["policy"]
@@ -140,6 +152,7 @@ def run(args, root: Path) -> None:
               f"{args.max_tokens}; best of {args.repeat} after a warm-up; load {os.getloadavg()[0]:.1f}")  # fmt: skip
         print(ratio_line("memory update / policy update at equal tokens", time, f"parameters {sizes:.3f}x"))
         print(f"efficiency on this {args.device} (parameters ratio / time ratio): {sizes / time:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
