@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make 
         ("grading_throughput.py", ["--response-chars", "3000"]),
         ("dlc_sampling.py", []),
         ("rollout_throughput.py", []),
+        ("sampler_prefill.py", []),
         ("dag_planning.py", []),
         ("memory_update_efficiency.py", []),
         ("gpu_peak_memory.py", []),

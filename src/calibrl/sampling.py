@@ -111,6 +111,13 @@ def _last_logits(model, input_ids, attention_mask, position_ids, cache) -> torch
     return out.logits[:, -1].float()
 
 
+def _prefill(model, prompt_ids, prompt_mask, position_ids, cache, group_size: int) -> torch.Tensor:
+    """The prompts' next-token logits, each row repeated ``group_size`` times, with ``cache`` repeated alike."""
+    logits = _last_logits(model, prompt_ids, prompt_mask, position_ids, cache)
+    cache.batch_repeat_interleave(group_size)
+    return logits.repeat_interleave(group_size, dim=0)
+
+
 def _filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Nucleus filtering: keep the smallest set of top tokens whose probability reaches ``top_p``.
 
@@ -172,23 +179,24 @@ def sample(
     device = next(policy.parameters()).device
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
 
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-    prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0).to(device)
-    prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)
+    # The prompt is read once per distinct prompt and its KV cache repeated for the group: the prefill's work
+    # (more than half of a countdown evaluation's, whose prompts outnumber its answers' tokens) does not grow with G.
+    prompt_ids, prompt_mask = (t.to(device) for t in encode_prompts(tokenizer, prompts))
+    position_ids = position_ids_from_mask(prompt_mask)
+    policy_cache = DynamicCache(config=policy.config)
+    policy_logits = _prefill(policy, prompt_ids, prompt_mask, position_ids, policy_cache, group_size)
+    memory_cache = memory_logits = None
+    if use_memory:
+        memory_cache = DynamicCache(config=memory.config)
+        memory_logits = _prefill(memory, prompt_ids, prompt_mask, position_ids, memory_cache, group_size)
+    prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+    prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
     batch, prompt_len = prompt_ids.shape
 
     # The mask grows by one column per step; preallocate it and hand the models growing views.
     attention_mask = torch.zeros((batch, prompt_len + max_new_tokens), dtype=torch.bool, device=device)
     attention_mask[:, :prompt_len] = prompt_mask
-    position_ids = position_ids_from_mask(prompt_mask)
-    next_position = position_ids[:, -1:] + 1
-
-    policy_cache = DynamicCache(config=policy.config)
-    policy_logits = _last_logits(policy, prompt_ids, prompt_mask, position_ids, policy_cache)
-    memory_cache = memory_logits = None
-    if use_memory:
-        memory_cache = DynamicCache(config=memory.config)
-        memory_logits = _last_logits(memory, prompt_ids, prompt_mask, position_ids, memory_cache)
+    next_position = position_ids[:, -1:].repeat_interleave(group_size, dim=0) + 1
 
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
