@@ -204,7 +204,7 @@ def check_config(plan: Plan, grid: dict) -> None:
     for arm in sorted(plan.arms()):
         if arm not in grid["methods"]:
             raise PlanError(f"{plan.path}: primary arm {arm!r} is not in grid.methods")
-    listed = {grid["seed"], *(s for seeds in grid.get("extra_seeds", {}).values() for s in seeds)}
+    listed = {grid["seed"], *(s for seeds in grid["extra_seeds"].values() for s in seeds)}
     if clash := sorted(listed & set(plan.seeds)):
         raise PlanError(
             f"grid.seed / grid.extra_seeds: seeds {clash} are drawn by the plan ({plan.path}); the plan's arms run "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 
 DEFAULT_LR = {"sgd": 0.5, "momentum": 0.5, "adamw": 0.05}  # the toy defaults of config/config.yaml
@@ -143,11 +144,12 @@ def _plan(args: argparse.Namespace) -> int:
     rows, trains = P.plan(config, overrides, requests)
     print(P.render(rows, trains, overrides, gpus=args.gpus))
     grid = config["grid"]
-    unpinned = [m for m, spec in {**grid["models"], **grid["memory_models"]}.items() if not spec.get("revision")]
+    hub = {m: spec for m, spec in {**grid["models"], **grid["memory_models"]}.items() if "hf_id" in spec}
+    unpinned = [m for m, spec in hub.items() if not re.fullmatch(r"[0-9a-f]{40}", spec["revision"])]  # not a commit
     if unpinned:
         print(
-            f"\nNOTE models without a pinned revision (grid.models.<name>.revision): main is resolved once and "
-            f"locked in {G.models_lock(config)}: {unpinned}"
+            f"\nNOTE models without a pinned revision (grid.models.<name>.revision, a branch or tag: default main): "
+            f"it is resolved once and locked in {G.models_lock(config)}: {unpinned}"
         )
     if profile is None:
         print("\nNOTE no SLURM profile read (--profile): jobs per node counted by GPUs alone, no time limits checked")

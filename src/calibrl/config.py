@@ -6,9 +6,10 @@ every default; its enums of estimators, loss aggregations, KL estimators, traine
 registries, :func:`schema`), keys the chosen backend never reads (refused where the user set them), and the cross-key
 checks a schema cannot express (``calibrl.grid.problems``, with the defaults filled in). The Snakefile calls
 :func:`validate` first thing, which also fills in the schema's defaults, so every later reader can take a key as it
-is. Not yet every reader does: a few reads still carry a literal fallback (the claims' ``last_checkpoints``, a
-model's ``revision``, the preflight's tensor-parallel size, the analysis plan's ``level`` and ``power``), and no test
-refuses them yet.
+is, and does: tests/test_defaults.py refuses a literal fallback in any read of a key the schema defaults. A key it
+gives no default is optional (absent means none), and a few derive theirs from other keys, as their schema
+descriptions say (``grid.models_dir`` from ``results``; a layout's ``vllm_engines`` and ``actor_gpus_per_node`` from
+its kind). The analysis plan (config/plan.yaml) has no schema: its defaults are ``calibrl.analysis_plan``'s.
 """
 
 from __future__ import annotations

@@ -155,8 +155,8 @@ def data_params(grid: dict, split: str, seed: int) -> dict:
         "source": "hub",
         "split": split,
         "dataset": key,
-        "revision": data.get("revisions", {}).get(key),
-        "local_files": data.get("local_files", {}).get(key),
+        "revision": data["revisions"].get(key),
+        "local_files": data["local_files"].get(key),
         "on_error": data["on_error"],
     }
     if data.get("subset"):  # only when set: the paper's data params (and files) stay as they are
@@ -272,7 +272,7 @@ def model_path(config: dict, model: str) -> str:
     if "hf_id" not in spec:
         raise ValueError(f"grid.models.{model}: a tiny model has no Hub folder (no hf_id)")
     root = grid.get("models_dir") or f"{config['results']}/hub_models"
-    return str(Path(root).resolve() / spec["hf_id"].replace("/", "--") / spec.get("revision", "main"))
+    return str(Path(root).resolve() / spec["hf_id"].replace("/", "--") / spec["revision"])
 
 
 def models_lock(config: dict) -> str:
@@ -285,7 +285,7 @@ def download_params(config: dict, model: str) -> dict:
     spec = {**config["grid"]["models"], **config["grid"]["memory_models"]}[model]
     return {
         "hf_id": spec["hf_id"],
-        "revision": spec.get("revision"),
+        "revision": spec["revision"],
         "path": model_path(config, model),
         "lock": models_lock(config),
     }
@@ -299,7 +299,7 @@ def rank_params(config: dict, model: str) -> dict:
     return {
         "model": model_path(config, model),  # the login node's download (rule download_model), read offline
         "hf_id": grid["models"][model]["hf_id"],
-        "revision": grid["models"][model].get("revision", "main"),
+        "revision": grid["models"][model]["revision"],
         "lock": models_lock(config),
         "samples": tr["filter_samples"],
         "temperature": tr["temperature"],
@@ -372,12 +372,13 @@ def problems(config: dict) -> list[tuple[str, str]]:
         if name not in grid["methods"]:
             out.append((f"grid.extra_seeds.{name}", f"method {name!r} is not defined under grid.methods"))
     data = grid["data"]
-    if data["source"] == "countdown" and not data.get("splits"):
+    splits = data.get("splits")  # no default: countdown requires it, hub data has none
+    if data["source"] == "countdown" and not splits:
         out.append(("grid.data.splits", "required when grid.data.source is countdown"))
     if data["source"] == "hub" and not data.get("train"):
         out.append(("grid.data.train", "the Hub training set is required when grid.data.source is hub"))
     for split in data["eval_splits"]:
-        if data["source"] == "countdown" and split not in data.get("splits", {}):
+        if data["source"] == "countdown" and splits and split not in splits:
             out.append(("grid.data.eval_splits", f"{split!r} is not one of grid.data.splits"))
     if grid["enable_thinking"] and not grid["chat_template"]:
         out.append(("grid.enable_thinking", "is a switch of the chat template: set grid.chat_template too"))

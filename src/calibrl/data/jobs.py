@@ -38,7 +38,7 @@ def download_job(params: dict, out_path: str, manifest_path: str) -> None:
         local_files=params["local_files"],
         on_error=params["on_error"],
         subset=params.get("subset"),
-        seed=params.get("seed", 0),
+        seed=params.get("seed"),  # set with subset only (calibrl.grid.data_params)
     )
     log.info(
         "%s: %s rows from %s@%s",

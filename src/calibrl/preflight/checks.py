@@ -231,7 +231,7 @@ def _evaluator_engine(e: dict) -> str:
 
     positions = json.loads((Path(e["model"]) / "config.json").read_text()).get("max_position_embeddings")
     length = min(int(e["max_model_len"]), int(positions or e["max_model_len"]))
-    tp = int(e.get("tensor_parallel_size", 1))
+    tp = int(e["tensor_parallel_size"])
     engine = engine_kwargs(e["model"], 0, tp, length, e["dtype"], e["enforce_eager"])
     engine["gpu_memory_utilization"] = 0.5
     got = []

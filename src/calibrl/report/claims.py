@@ -234,7 +234,7 @@ def exploratory(
     """The paper's orderings (but those in ``skip``: (model, metric, arms) the primaries decide), unadjusted; on
     seeds of several data seeds (the plan's), tested over data seeds, as the primaries."""
     data_of = plan.data_of if plan else {}
-    last = int(grid.get("claims", {}).get("last_checkpoints", 2))
+    last = int(grid["claims"]["last_checkpoints"])
     q = {key: problem_quantity(pp, key, last) for key in metrics(grid)}
     q["entropy"] = entropy_quantity(train)
     q["oversharpened"] = problem_quantity(pp, "oversharpened", last)

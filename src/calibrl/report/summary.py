@@ -41,7 +41,7 @@ def render_summary(
 ) -> str:
     from calibrl.published import mark_mismatches
 
-    last = int(grid.get("claims", {}).get("last_checkpoints", 2))
+    last = int(grid["claims"]["last_checkpoints"])
     lines = [
         "# The paper's claims in this grid",
         "",

@@ -68,8 +68,10 @@ class OpenRLHFBackend:
             what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
             out.append(("grid.train.ppo_minibatches", what))
         for name, spec in grid["models"].items():
-            resources = spec.get("resources", {})  # none where the model is tiny (refused above)
-            for key, lay in (("resources", resources), ("resources.dlc", resources.get("dlc", {}))):
+            if "resources" not in spec:  # a tiny model (refused above)
+                continue
+            resources = spec["resources"]
+            for key, lay in (("resources", resources), ("resources.dlc", resources["dlc"])):
                 every = lay.get("segment_steps")
                 if every and every % grid["train"]["eval_every"]:
                     what = f"{every} is not a multiple of grid.train.eval_every ({grid['train']['eval_every']})"

@@ -24,19 +24,20 @@ from calibrl.spec import MethodSpec
 def effective(resources: dict, dlc: bool) -> dict:
     """The layout of one run: the model's ``resources`` with its ``dlc`` keys laid over them for a DLC run."""
     base = {k: v for k, v in resources.items() if k != "dlc"}
-    return {**base, **(resources.get("dlc", {}) if dlc else {})}
+    return {**base, **(resources["dlc"] if dlc else {})}
 
 
 def roles(layout: dict, kl: bool, dlc: bool) -> dict:
     """OpenRLHF's placement (``command.build_command``'s ``resources``) and what Ray will wait for."""
     nodes, per_node, tp = int(layout["nodes"]), int(layout["gpus_per_node"]), int(layout["vllm_tensor_parallel_size"])
+    # Unset, actor_gpus_per_node and vllm_engines follow from the layout's kind (their schema descriptions say so).
     if layout["colocate_all"]:
-        engines = int(layout.get("vllm_engines", nodes * per_node // tp))
+        engines = int(layout["vllm_engines"]) if "vllm_engines" in layout else nodes * per_node // tp
         actor, ref = per_node, per_node  # OpenRLHF asserts ref == actor when colocated (L42-46)
     else:
-        actor = int(layout.get("actor_gpus_per_node", per_node))
-        ref = int(layout.get("ref_gpus_per_node", 1))
-        engines = int(layout.get("vllm_engines", 1))
+        actor = int(layout["actor_gpus_per_node"]) if "actor_gpus_per_node" in layout else per_node
+        ref = int(layout["ref_gpus_per_node"])
+        engines = int(layout["vllm_engines"]) if "vllm_engines" in layout else 1
     knobs = {
         k: v for k, v in layout.items() if k not in ("nodes", "gpus_per_node", "vllm_engines", "dlc", "memory_gpus")
     }
@@ -101,7 +102,7 @@ def problems(grid: dict, runs: list[tuple[str, bool, bool]]) -> list[tuple[str, 
     samples = int(train["prompts_per_step"]) * int(train["group_size"])
     out = []
     for model, kl, dlc in dict.fromkeys(runs):
-        resources = grid["models"][model].get("resources", {})
+        resources = grid["models"][model]["resources"]
         key = f"grid.models.{model}.resources" + (".dlc" if dlc and "dlc" in resources else "")
         lay = effective(resources, dlc)
         r = roles(lay, kl, dlc)
