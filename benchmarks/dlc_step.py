@@ -102,7 +102,15 @@ def run(pair, args, root: Path) -> None:
     tokens = sum(len(s) for s in seqs)
     upd = {}
     for name in ("policy", "memory"):
-        worker = MemoryWorker(str(root / name), 1e-5, device="cpu", compute_dtype="float32", max_tokens=4096)
+        worker = MemoryWorker(
+            str(root / name),
+            1e-5,
+            weight_decay=0.01,
+            decay_scope="all",
+            device="cpu",
+            compute_dtype="float32",
+            max_tokens=4096,
+        )
         worker.step(seqs, learn)  # warm-up
         upd[name] = timed(lambda w=worker: w.step(seqs, learn), repeat=args.repeat)[0]
     dapo = gen["policy"] + upd["policy"]

@@ -99,7 +99,8 @@ def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Pat
     path = root / f"{shape['hidden']}x{layers}x{vocab}"
     Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     gc.collect()
-    worker = MemoryWorker(str(path), 1e-6, device=args.device, compute_dtype=args.dtype, max_tokens=args.max_tokens)
+    worker = MemoryWorker(str(path), 1e-6, weight_decay=0.01, decay_scope="all", device=args.device,
+                          compute_dtype=args.dtype, max_tokens=args.max_tokens)  # fmt: skip
     best = []
     for seqs, learn in batches:
         ids = [(seq % vocab).long() for seq in seqs]

@@ -104,8 +104,9 @@ def test_a_registered_estimator_trains_a_micro_run_through_the_cpu_backend(tmp_p
 
 
 def test_weight_decay_is_a_setting_both_backends_apply(tmp_path):
-    """AdamW's weight decay comes from grid.train.weight_decay (default 0.01, verl's) in the CPU trainer and in
-    OpenRLHF's command line alike (it used to be 0 on CPU and 0.01 in OpenRLHF, silently)."""
+    """AdamW's weight decay comes from grid.train.weight_decay (default 0.01, verl's recipes' value) in the CPU
+    trainer and in OpenRLHF's command line alike (it used to be 0 on CPU and 0.01 in OpenRLHF, silently); its scope
+    is tests/test_openrlhf.py's business."""
     from calibrl.backends.local.trainer import Trainer
     from calibrl.spec import MethodSpec, TrainSettings
 

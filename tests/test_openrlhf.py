@@ -463,9 +463,9 @@ def test_step_limit_on_openrlhfs_trainer_and_generator(openrlhf_modules, monkeyp
 @needs_openrlhf
 def test_every_patch_target_is_in_the_installed_openrlhf_and_a_missing_one_is_named():
     """Each patch names the 0.11.2 symbols it wraps; the launcher checks them (``hook.check``) before Ray starts."""
-    from calibrl.backends.openrlhf import dlc
+    from calibrl.backends.openrlhf import decay_scope, dlc
 
-    for module in (iac_patch, steps, loss_norm, dlc):
+    for module in (iac_patch, steps, loss_norm, dlc, decay_scope):
         for target in module.TARGETS:
             target.check()
     missing = patching.Target("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.no_such_method")
@@ -476,6 +476,8 @@ def test_every_patch_target_is_in_the_installed_openrlhf_and_a_missing_one_is_na
         patching.Target("openrlhf.no_such_module", "x").check()
     with pytest.raises(patching.PatchTargetMissing, match="no longer calls"):
         patching.Target(dlc.ENGINE, "RolloutRayActor.__init__", uses="vllm.LLM(").check()
+    with pytest.raises(patching.PatchTargetMissing, match=r"takes \('model', 'weight_decay', 'no_decay_name_list'\)"):
+        patching.Target(decay_scope.DEFINITION.module, decay_scope.DEFINITION.name, params=("model", "wd")).check()
 
 
 def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp_path):
@@ -489,15 +491,19 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     }  # fmt: skip
     for run in RUNS:
         got = [p.name for p in hook.patches(paper_settings(PAPER, run, tmp_path / run.path))]
-        assert got == ["step limit", "FusedAdam on torch's kernels", *expected[run.method]], run
+        always = ["step limit", "FusedAdam on torch's kernels", "weight decay on every parameter"]  # scope all
+        assert got == [*always, *expected[run.method]], run
+    scoped = paper_config(weight_decay_scope="no_bias_norm")  # OpenRLHF's own: no patch
+    got = [p.name for p in hook.patches(paper_settings(scoped, G.Run("qwen3-8b", "grpo", 0), tmp_path / "nb"))]
+    assert got == ["step limit", "FusedAdam on torch's kernels"]
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["iac"]["iac_alpha"] = 0.75
     settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path / "x")
     (iac_install,) = [p.install for p in hook.patches(settings) if p.name.startswith("IAC")]
     assert iac_install.func is iac_patch.install and iac_install.args == (0.75,)
     dlc_patch = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path))][-1]
-    memory_dir, mu, lr, layout = dlc_patch.install.args  # the memory's folder, mu, its lr, the run's layout
-    assert (memory_dir, mu, lr) == (str(tmp_path / "memory"), 0.5, 1e-6)
+    memory_dir, mu, lr, decay, layout = dlc_patch.install.args  # the memory's folder, mu, lr, decay, the layout
+    assert (memory_dir, mu, lr, decay) == (str(tmp_path / "memory"), 0.5, 1e-6, (0.01, "all"))
     assert layout["colocate_all"] and layout["max_tokens_per_gpu"] == 9216  # the memory's ranks colocated
     env = launch.runtime_env(settings)
     assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
@@ -834,6 +840,36 @@ def test_ray_cluster_script_with_fake_slurm(tmp_path):
         ["bash", str(script), "true"], env={**env, "RAY_CPUS_PER_NODE": "1"}, capture_output=True, text=True
     )
     assert few.returncode == 1 and "1 CPU(s) per node for 2 GPU(s)" in few.stderr and "cpus_per_task" in few.stderr
+
+
+@needs_openrlhf
+@pytest.mark.parametrize("scope", ["all", "no_bias_norm"])
+def test_both_weight_decay_scopes_are_one_rule_in_openrlhf_and_the_cpu_trainers(monkeypatch, scope):
+    """OpenRLHF's Adam groups (its real get_optimizer_grouped_parameters, with the decay_scope patch for scope all)
+    hold the same parameters at the same decay as calibrl.optim.decay_groups, which both CPU-side trainers use."""
+    from calibrl.backends.openrlhf import decay_scope
+    from calibrl.models import build_model, build_tokenizer
+    from calibrl.optim import decay_groups
+
+    spec = importlib.util.spec_from_file_location("ds_utils", patching._source_file(decay_scope.DEFINITION.module))
+    ds_utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds_utils)  # the file alone: its package __init__ imports the whole strategy
+    strategy = types.ModuleType(decay_scope.MODULE)  # the caller's namespace: the name it looks up
+    strategy.get_optimizer_grouped_parameters = ds_utils.get_optimizer_grouped_parameters
+    monkeypatch.setitem(sys.modules, decay_scope.MODULE, strategy)
+    if scope == "all":
+        decay_scope.patch(strategy)
+    model = build_model(build_tokenizer(), seed=0, num_layers=2)
+    theirs = strategy.get_optimizer_grouped_parameters(model, 0.05)
+    ours = decay_groups(model, 0.05, scope)
+
+    def named(groups):
+        return [({id(p) for p in g["params"]}, g["weight_decay"]) for g in groups]
+
+    assert named(theirs) == named(ours)
+    exempt = {n for n, p in model.named_parameters() if any(id(p) in ids for ids, wd in named(ours) if wd == 0)}
+    norms = {n for n, _ in model.named_parameters() if "norm" in n}
+    assert exempt == (norms if scope == "no_bias_norm" else set()) and len(norms) == 2 * 4 + 1
 
 
 def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monkeypatch, tmp_path):

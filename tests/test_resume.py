@@ -144,7 +144,7 @@ def setup(tmp_path_factory):
     records = countdown.generate("train", 48, seed=0)
     train = root / "train.jsonl"
     write_jsonl(train, records)
-    warmstart(records, ARCH, 300, 32, 1e-2, 0, micro_grid()["prompt_template"], root / "policy")
+    warmstart(records, ARCH, 300, 32, 1e-2, 0.01, 0, micro_grid()["prompt_template"], root / "policy")
     tok = build_tokenizer()
     save(build_model(tok, seed=1, **MEMORY_ARCH), tok, root / "memory")
     infos = {}

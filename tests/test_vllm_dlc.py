@@ -43,6 +43,9 @@ PROMPTS = ["12+3=", "7*8=", "(4-1)*2="]
 SHARPEN = 6.0  # final-norm scale: random tiny models are near uniform; peaked ones make the checks bite
 
 
+DECAY = dict(weight_decay=0.01, decay_scope="all")  # the memory trainer's AdamW decay (grid.train's)
+
+
 def _peaked(tokenizer, kwargs):
     model = build_model(tokenizer, max_position_embeddings=64, **kwargs)
     with torch.no_grad():
@@ -263,7 +266,7 @@ def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
     from calibrl.models import load
 
     engine.set(policy=engine.policy, memory=load(engine.paths["memory"])[0], mu=MU)
-    group = dict(ranks=2, share=0.5, compute_dtype="float32", max_tokens=64)
+    group = dict(ranks=2, share=0.5, compute_dtype="float32", max_tokens=64, **DECAY)
     memory = MemoryGroup(str(engine.paths["memory"]), 3e-3, **group)
     rows = torch.arange(len(PROMPTS))
     repeated, first_losses, own, moved = None, [], [], []
@@ -377,12 +380,13 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
     # imported, with the memory's folder, mu, learning rate and placement (from the run's layout) bound
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     openrlhf_dlc.install(
-        "/ckpt/memory", 0.5, 1e-6, {"colocate_all": True, "memory_gpus": 1, "max_tokens_per_gpu": 9216}
+        "/ckpt/memory", 0.5, 1e-6, (0.01, "all"), {"colocate_all": True, "memory_gpus": 1, "max_tokens_per_gpu": 9216}
     )
     hook = next(f for f in sys.meta_path if isinstance(f, patching._ImportHook))
     trainer = hook.callbacks["openrlhf.trainer.ppo_trainer"]
     assert [c.func for c in trainer] == [openrlhf_dlc.patch_trainer] and trainer[0].keywords["lr"] == 1e-6
-    assert trainer[0].keywords["place"] == {"colocated": True, "gpus": 1, "max_tokens": 9216}
+    place = {"colocated": True, "gpus": 1, "max_tokens": 9216, "weight_decay": 0.01, "decay_scope": "all"}
+    assert trainer[0].keywords["place"] == place
     assert openrlhf_dlc.patch_launcher in hook.callbacks["openrlhf.trainer.ray.launcher"]
     engines = hook.callbacks["openrlhf.trainer.ray.vllm_engine"]
     assert [c.func for c in engines] == [openrlhf_dlc.patch_engines] and engines[0].keywords["mu"] == 0.5
@@ -553,7 +557,7 @@ def test_memory_loss_packed_in_logit_chunks_equals_the_padded_cross_entropy(tmp_
     tok = build_tokenizer()
     save(build_model(tok, hidden_size=64, num_layers=2, num_heads=1, num_kv_heads=1, seed=5), tok, tmp_path / "m")
     monkeypatch.setattr(memory_actor, "LOGIT_CHUNK", 3)
-    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-3, device="cpu", compute_dtype="float32",
                                        max_tokens=12)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     sequences = [torch.randint(4, 20, (n,), generator=g) for n in (7, 5, 9)]
@@ -579,7 +583,7 @@ def test_memory_loss_packed_in_logit_chunks_equals_the_padded_cross_entropy(tmp_
     assert worker.loss(sequences, learn) == pytest.approx(value, rel=1e-5)  # gradients alone: no update
 
     # bf16 compute, fp32 master weights: the loss within bf16's precision, and a step of lr 1e-6 is kept
-    bf16 = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-6, device="cpu", compute_dtype="bfloat16",
+    bf16 = memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-6, device="cpu", compute_dtype="bfloat16",
                                      max_tokens=64)  # fmt: skip
     assert bf16.loss(sequences, learn) == pytest.approx(value, rel=2e-2)
     before = {n: p.full_tensor().clone() for n, p in bf16.model.named_parameters()}
@@ -603,7 +607,7 @@ def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monk
     policy = _peaked(tok, dict(hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=6))
     save(policy, tok, tmp_path / "policy")
     save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=7), tok, tmp_path / "m")
-    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-3, device="cpu", compute_dtype="float32",
                                        max_tokens=64)  # fmt: skip
     g = torch.Generator().manual_seed(1)
     sequences = [torch.randint(4, 20, (n,), generator=g) for n in (9, 6)]
@@ -635,7 +639,7 @@ def test_memory_worker_gives_cached_gpu_memory_back_after_each_call(tmp_path, mo
     save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=9), tok, tmp_path / "m")
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(1))
-    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", compute_dtype="float32",
+    worker = memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-3, device="cpu", compute_dtype="float32",
                                        max_tokens=32)  # fmt: skip
     sequences = [torch.tensor([1, 5, 6, 7, 8]), torch.tensor([1, 9, 10, 11])]
     learn = [torch.tensor([0, 0, 1, 1, 1], dtype=torch.bool), torch.tensor([0, 1, 1, 1], dtype=torch.bool)]
@@ -655,9 +659,9 @@ def test_memory_worker_gives_cached_gpu_memory_back_after_each_call(tmp_path, mo
     assert len(calls) == 6  # its gather of the memory's weights, then after the check's two models
 
     with pytest.raises(TypeError, match="max_tokens"):
-        memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", start=False)
+        memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-3, device="cpu", start=False)
     with pytest.raises(ValueError, match="max_tokens"):
-        memory_actor.MemoryWorker(str(tmp_path / "m"), lr=1e-3, device="cpu", max_tokens=0, start=False)
+        memory_actor.MemoryWorker(str(tmp_path / "m"), **DECAY, lr=1e-3, device="cpu", max_tokens=0, start=False)
 
 
 def test_composite_settings_fail_closed_without_an_engine():

@@ -118,6 +118,7 @@ class TrainSettings:
     group_size: int
     lr: float
     weight_decay: float
+    weight_decay_scope: str  # all / no_bias_norm (calibrl.models.decay_groups)
     grad_clip: float
     ppo_minibatches: int
     max_new_tokens: int

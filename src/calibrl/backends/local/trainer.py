@@ -18,6 +18,7 @@ Per-step metrics go to ``ckpt/metrics.jsonl`` (``METRICS``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from calibrl.checkpoints import write_marker
 from calibrl.io import atomic_path, remove_temporaries, write_json
 from calibrl.logs import Progress
 from calibrl.models import load, save
+from calibrl.optim import decay_groups
 from calibrl.runs import checkpoint_steps
 from calibrl.sampling import Rollout, position_ids_from_mask, sample
 from calibrl.spec import MethodSpec, TrainSettings
@@ -135,13 +137,14 @@ class Trainer:
         self.policy, self.tokenizer = load(init_dir)
         self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if spec.uses_kl else None
         self.policy.train()
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        decay = functools.partial(decay_groups, weight_decay=settings.weight_decay, scope=settings.weight_decay_scope)
+        self.optimizer = torch.optim.AdamW(decay(self.policy), lr=settings.lr)
         self.memory = self.memory_opt = None
         if spec.uses_dlc:
             if memory_dir is None:
                 raise ValueError(f"method {spec.name!r} uses DLC (dlc_mu {spec.dlc_mu}) and needs a memory model")
             self.memory, _ = load(memory_dir)
-            self.memory_opt = torch.optim.AdamW(self.memory.parameters(), lr=spec.memory_lr)
+            self.memory_opt = torch.optim.AdamW(decay(self.memory), lr=spec.memory_lr)
         self.records = list(train_records)
         self.generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)

@@ -30,6 +30,7 @@ def warmstart(
     steps: int,
     batch_size: int,
     lr: float,
+    weight_decay: float,
     seed: int,
     template: str,
     out_dir: str | Path,
@@ -40,7 +41,7 @@ def warmstart(
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed, **arch)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)  # every parameter (scope all)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * i / steps)).item())
@@ -84,6 +85,7 @@ def warmstart_job(params: dict, sft_path: str, model_dir: str, info_path: str, t
     ws = params["warmstart"]
     records = read_jsonl(sft_path, on_error=params["on_error"])
     info = warmstart(
-        records, params["arch"], ws["steps"], ws["batch_size"], ws["lr"], params["seed"], params["template"], model_dir
-    )
+        records, params["arch"], ws["steps"], ws["batch_size"], ws["lr"], ws["weight_decay"], params["seed"],
+        params["template"], model_dir,
+    )  # fmt: skip
     write_json(info_path, {**info, "model": params["model"], "path": str(Path(model_dir).resolve())})

@@ -88,9 +88,9 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
 
     # ---- optimizer (the paper: AdamW, lr 1e-6). OpenRLHF's defaults differ from verl's (betas 0.9/0.95, weight
     # decay 0, cosine_with_min_lr with 3% warmup); set verl's: betas 0.9/0.999, grid.train.weight_decay (verl's
-    # 0.01), constant lr without warmup, gradient clipping at grid.train.grad_clip. The decay's scope stays
-    # OpenRLHF's: it exempts biases and norm weights (deepspeed_utils.get_optimizer_grouped_parameters), where verl
-    # and the CPU trainer decay every parameter; no flag changes that.
+    # 0.01), constant lr without warmup, gradient clipping at grid.train.grad_clip. The decay's scope is
+    # grid.train.weight_decay_scope: OpenRLHF exempts biases and norm weights by name, which no flag changes; for
+    # scope all (verl's) the setup hook's decay_scope patch makes it decay every parameter.
     argv += ["--actor.adam.lr", fmt(train["lr"]), "--actor.adam.betas", "0.9", "0.999"]
     argv += ["--actor.adam.weight_decay", fmt(train["weight_decay"])]
     argv += ["--actor.lr_scheduler", "constant", "--actor.lr_warmup_ratio", "0.0"]

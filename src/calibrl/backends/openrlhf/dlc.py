@@ -87,15 +87,18 @@ class DivergenceCheckFailed(RuntimeError):
 TAG = "dlc"
 
 
-def install(memory_path: str, mu: float, lr: float, layout: dict) -> None:
+def install(memory_path: str, mu: float, lr: float, decay: tuple[float, str], layout: dict) -> None:
     """Register the patches: sampling from the composite at ``mu``, the memory (``memory_path``) trained at ``lr``
-    every step, placed as the run's ``layout`` says (``layout.roles``: colocated or ``memory_gpus``)."""
+    with ``decay`` (the run's weight decay and its scope) every step, placed as the run's ``layout`` says
+    (``layout.roles``: colocated or ``memory_gpus``)."""
     if not mu > 0 or not lr > 0:
         raise ValueError(f"DLC needs mu > 0 and a memory learning rate > 0, got {mu}, {lr}")
     place = {
         "colocated": bool(layout["colocate_all"]),
         "gpus": int(layout["memory_gpus"]),  # the schema fills every layout key's default
         "max_tokens": int(layout["max_tokens_per_gpu"]),
+        "weight_decay": float(decay[0]),
+        "decay_scope": str(decay[1]),
     }
     when_imported(ENGINE, functools.partial(patch_engines, memory_path=memory_path, mu=mu))
     when_imported(GENERATOR, patch_generator)
@@ -267,7 +270,8 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float, place: di
         ranks, share = place["gpus"], 1.0
         pg = placement_group([{"GPU": 1, "CPU": 1}] * ranks, strategy="PACK")
         ray.get(pg.ready())
-    memory = MemoryGroup(memory_path, lr, ranks, pg, share, max_tokens=place["max_tokens"])
+    memory = MemoryGroup(memory_path, lr, ranks, pg, share, max_tokens=place["max_tokens"],
+                         weight_decay=place["weight_decay"], decay_scope=place["decay_scope"])  # fmt: skip
     self._calibrl_memory = memory
     if global_step:
         state = _memory_dir(self, global_step)

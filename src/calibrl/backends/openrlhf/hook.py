@@ -1,13 +1,18 @@
-"""The Ray ``worker_process_setup_hook`` of a run: it installs the patches every run needs and those its spec names.
+"""The Ray ``worker_process_setup_hook`` of a run: it installs the patches the run's settings call for.
 
-The launcher starts Ray with :func:`setup` as every worker's setup hook and one variable, ``CALIBRL_SETTINGS``,
-the path of the run's ``settings.json``; :func:`patches` reads the run's compiled method from it and returns what
-to install: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``) always, IAC
-when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for ``loss_agg: seq-mean-token-sum-norm``
-(``loss_norm``), DLC when mu > 0 (``dlc``), and on a CPU rehearsal the CUDA stand-ins (``cpu_standins``). A
-patch that must also act in the driver (DLC's record of the shared placement group; the stand-ins) has a driver
-side, which the launcher installs in its own process (:func:`install_driver`). The launcher checks every target of
-those patches against the installed OpenRLHF and DeepSpeed before Ray starts (:func:`check`).
+The launcher starts Ray with :func:`setup` as every worker's setup hook and ``CALIBRL_SETTINGS``, the path of the
+run's ``settings.json`` (the launcher also passes the grading pool's size and timeout, and on a rehearsal its faults,
+as variables: ``launch.runtime_env``). :func:`patches` returns what to install:
+- always: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``);
+- from ``grid.train``: weight decay on every parameter for ``weight_decay_scope: all`` (``decay_scope``);
+- from the compiled method: IAC when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for ``loss_agg:
+  seq-mean-token-sum-norm`` (``loss_norm``), DLC when mu > 0 (``dlc``);
+- on a CPU rehearsal (a layout key): the CUDA stand-ins (``cpu_standins``), and its faults where the variable asks.
+A patch that must also act in the driver (DLC's record of the shared placement group; the stand-ins) has a driver
+side, which the launcher installs in its own process (:func:`install_driver`); the launcher also patches the final
+save in the driver itself (``launch.skip_final_save``). The launcher checks every target of the run's patches against
+the installed packages before Ray starts (:func:`check`): that each exists, and where a wrapper relies on them, the
+text it calls and its parameters (``patching.Target``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrl.backends.openrlhf import cpu_standins, dlc, fused_adam, iac, loss_norm, rehearsal_faults, steps
+from calibrl.backends.openrlhf import (
+    cpu_standins,
+    decay_scope,
+    dlc,
+    fused_adam,
+    iac,
+    loss_norm,
+    rehearsal_faults,
+    steps,
+)
 from calibrl.backends.openrlhf.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
@@ -52,6 +66,8 @@ def patches(settings_path: str | Path) -> list[Patch]:
         Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir)),
         Patch("FusedAdam on torch's kernels", fused_adam.TARGETS, fused_adam.install),  # no nvcc on the nodes
     ]
+    if train["weight_decay_scope"] == "all":  # no_bias_norm is OpenRLHF's own
+        out.append(Patch("weight decay on every parameter", decay_scope.TARGETS, decay_scope.install))
     if spec.uses_iac:
         install = functools.partial(iac.install, spec.iac_alpha)
         out.append(Patch(f"IAC (alpha {spec.iac_alpha:g})", iac.TARGETS, install))
@@ -60,7 +76,8 @@ def patches(settings_path: str | Path) -> list[Patch]:
         out.append(Patch("Dr. GRPO's normaliser", loss_norm.TARGETS, functools.partial(loss_norm.install, length)))
     if spec.uses_dlc:
         memory = stamp["paths"]["memory"]
-        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, stamp["resources"])
+        decay = (train["weight_decay"], train["weight_decay_scope"])
+        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, decay, stamp["resources"])
         out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install, dlc.install_driver))
     if cpu_standins.enabled(stamp):
         targets = tuple(s.target for s in cpu_standins.STANDINS)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from calibrl.algo.dlc import memory_loss
 from calibrl.backends.openrlhf.packing import pack, pad_batch
+from calibrl.optim import decay_groups
 
 log = logging.getLogger("calibrl.memory_actor")
 STEPS = "steps.json"
@@ -151,6 +152,8 @@ class MemoryWorker(EngineSync):
         path: str,
         lr: float,
         *,
+        weight_decay: float,
+        decay_scope: str,
         max_tokens: int,
         compute_dtype: str = "bfloat16",
         device: str | None = None,
@@ -161,6 +164,7 @@ class MemoryWorker(EngineSync):
         if not max_tokens or int(max_tokens) <= 0:  # the run's max_tokens_per_gpu (layout), never a default
             raise ValueError(f"max_tokens (the run's max_tokens_per_gpu) must be > 0, got {max_tokens!r}")
         self.path, self.lr, self.max_tokens = path, float(lr), int(max_tokens)
+        self.weight_decay, self.decay_scope = float(weight_decay), str(decay_scope)  # the run's grid.train ones
         self.compute_dtype = getattr(torch, compute_dtype)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._empty_cache = self.device.type == "cuda"  # _release: CUDA's caching allocator only
@@ -192,7 +196,8 @@ class MemoryWorker(EngineSync):
         self.model = _Loss(lm).to(self.device)
         fully_shard(self.model, mp_policy=policy)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, fused=self.device.type == "cuda")
+        groups = decay_groups(self.model, self.weight_decay, self.decay_scope)
+        self.optimizer = torch.optim.AdamW(groups, lr=self.lr, fused=self.device.type == "cuda")
         self.pad_id = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
 
     def _release(self) -> None:

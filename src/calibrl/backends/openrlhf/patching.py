@@ -35,11 +35,13 @@ class PatchTargetMissing(RuntimeError):
 @dataclass(frozen=True)
 class Target:
     """``module`` and the dotted ``name`` inside it (``Class.method`` or a module-level name); ``uses``: text its
-    source must contain (a call the patch relies on, e.g. ``vllm.AsyncEngineArgs(``)."""
+    source must contain (a call the patch relies on, e.g. ``vllm.AsyncEngineArgs(``); ``params``: its parameter
+    names in order, where the wrapper relies on them (``*args``, ``**kwargs`` written so)."""
 
     module: str
     name: str
     uses: str | None = None
+    params: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
         return f"{self.module}:{self.name}"
@@ -66,6 +68,10 @@ class Target:
             scope = getattr(found, "body", [])
         if self.uses and self.uses not in ast.unparse(found):
             raise self._missing(f"no longer calls {self.uses!r} ({origin})")
+        if self.params is not None:
+            got = _params(found)
+            if got != self.params:
+                raise self._missing(f"takes {got}, not the {self.params} its wrapper relies on ({origin})")
 
     def resolve(self, module: ModuleType) -> tuple[object, str, object]:
         """(owner, attribute, current value) of the target in the imported ``module``."""
@@ -115,6 +121,16 @@ def _defines(node: ast.stmt, name: str) -> bool:
     if isinstance(node, ast.ImportFrom | ast.Import):
         return any((a.asname or a.name.split(".")[-1]) == name for a in node.names)
     return False
+
+
+def _params(node: ast.stmt) -> tuple[str, ...] | None:
+    """A function's parameter names in order (``*args``, ``**kwargs`` so written); None for anything else."""
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    a = node.args
+    star = [f"*{a.vararg.arg}"] if a.vararg else []
+    return tuple([p.arg for p in [*a.posonlyargs, *a.args]] + star + [p.arg for p in a.kwonlyargs]
+                 + ([f"**{a.kwarg.arg}"] if a.kwarg else []))  # fmt: skip
 
 
 def _installed_version() -> str:
