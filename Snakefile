@@ -42,9 +42,9 @@ onstart:
 
     unthrottle(workflow)
     if workflow.local_exec and not workflow.dryrun:
-        from calibrl import jobserver
+        from calibrl import evaluate, jobserver
 
-        jobserver.start()
+        jobserver.start((*BACKEND.preload, *evaluate.preload(GRID["evaluator"])))
     if RUNS:  # MLflow as the grid runs: each run's evaluations and training metrics as they appear (calibrl.live)
         from calibrl import live
 

@@ -43,7 +43,8 @@ def test_every_backend_implements_the_protocol():
 
 
 def test_no_trainer_branches_outside_the_backends():
-    """The workflow and the package ask the backend; only calibrl/backends/ knows one trainer from another."""
+    """The workflow and the package ask the backend rather than compare trainer names (a textual check; the imports,
+    by statement and by name, are import-linter's and tests/test_lint.py's)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     code = [p for p in tracked if p.endswith((".py", ".smk")) or p == "Snakefile"]
     pattern = re.compile(r"""trainer["']?\]?\s*[!=]=|\bLOCAL\b|== ?["'](local|openrlhf)["']""")

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import filled
 
-from calibrl import jobserver
+from calibrl import backends, evaluate, jobserver
 
 
 @pytest.fixture(scope="module")
 def server():
-    path = jobserver.start()  # this test process is the "Snakemake" that owns it
+    # this test process is the "Snakemake" that owns it; it preloads what the embedded default's Snakefile does
+    path = jobserver.start((*backends.get("local").preload, *evaluate.preload("local")))
     assert path and os.environ[jobserver.ENV] == path
     yield path
     jobserver.stop()

@@ -33,14 +33,11 @@ import traceback
 from pathlib import Path
 
 ENV = "CALIBRL_JOBSERVER"
-PRELOAD = (  # what the CPU jobs import, heaviest first
+PRELOAD = (  # what every CPU job imports, heaviest first; the grid's backend and evaluator add theirs (start)
     "torch",
     "transformers.models.qwen3.modeling_qwen3",
     "math_verify",
-    "calibrl.backends.local.trainer",
-    "calibrl.backends.local.warmstart",
     "calibrl.backends.jobs",
-    "calibrl.evaluate.local",
     "calibrl.report.jobs",
     "calibrl.toy.jobs",
 )
@@ -114,12 +111,14 @@ def _call(target: str, log: str | None, args, kwargs) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- server
-def start() -> str | None:
-    """Start a job server for this process's jobs (the Snakefile's ``onstart``): its socket in a private temporary
-    folder (short: Unix socket paths stop at 107 bytes), its address in ``CALIBRL_JOBSERVER`` for the jobs to
-    inherit. Returns the socket's path, or None if none came up within 60 s (the jobs then run on their own)."""
+def start(preload: tuple[str, ...] = ()) -> str | None:
+    """Start a job server for this process's jobs (the Snakefile's ``onstart``), importing ``PRELOAD`` and
+    ``preload`` (the modules the grid's backend and evaluator name: ``Backend.preload``, ``evaluate.preload``): its
+    socket in a private temporary folder (short: Unix socket paths stop at 107 bytes), its address in
+    ``CALIBRL_JOBSERVER`` for the jobs to inherit. Returns the socket's path, or None if none came up within 60 s
+    (the jobs then run on their own)."""
     path = str(Path(tempfile.mkdtemp(prefix="calibrl-")) / "jobs.sock")
-    cmd = [sys.executable, "-m", "calibrl.jobserver", path, str(os.getpid())]
+    cmd = [sys.executable, "-m", "calibrl.jobserver", path, str(os.getpid()), *preload]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -140,9 +139,10 @@ def stop() -> None:
         os.kill(json.loads(Path(path + ".json").read_text())["pid"], signal.SIGTERM)
 
 
-def serve(path: str, parent: int) -> None:
-    """Import ``PRELOAD``, then fork a child per request until ``parent`` is gone or SIGTERM arrives."""
-    for name in PRELOAD:
+def serve(path: str, parent: int, preload: tuple[str, ...] = ()) -> None:
+    """Import ``PRELOAD`` and ``preload``, then fork a child per request until ``parent`` is gone or SIGTERM
+    arrives."""
+    for name in (*PRELOAD, *preload):
         importlib.import_module(name)
     for name in OPTIONAL:  # a broken install costs its jobs the import again, not the server
         try:
@@ -254,4 +254,4 @@ def _fork(conn: socket.socket, listener: socket.socket) -> tuple[int, bytes]:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))
+    serve(sys.argv[1], int(sys.argv[2]), tuple(sys.argv[3:]))

@@ -26,6 +26,7 @@ class Backend(Protocol):
     extends_runs: bool  # a longer run resumes a shorter one's checkpoints (its length is no part of its identity)
     env: str  # the conda environment of its jobs (``--sdm conda``), relative to the workflow's rules
     ignored: dict[str, str]  # dotted keys under grid this backend never reads -> why (set, they are refused)
+    preload: tuple[str, ...]  # modules its jobs import, which the local job server imports once (calibrl.jobserver)
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         """(dotted key, what is wrong) for what this backend cannot run; ``grid`` has its defaults filled in."""

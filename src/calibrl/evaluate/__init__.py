@@ -33,12 +33,14 @@ EVALUATORS = {
         "gpus": False,
         "env": "../../envs/local.yaml",
         "modes": True,  # the checkpoint is a model of calibrl.models, teacher-forced on CPU
+        "preload": (f"{__name__}.local",),  # its jobs run in the local job server (calibrl.jobserver)
     },
     "vllm": {
         "ignored": {},
         "gpus": True,
         "env": "../../envs/cluster-eval.yaml",
         "modes": False,
+        "preload": (),
     },
 }
 
@@ -57,6 +59,11 @@ def env(name: str) -> str:
 
 def measures_modes(name: str) -> bool:
     return EVALUATORS[name]["modes"]
+
+
+def preload(name: str) -> tuple[str, ...]:
+    """The modules evaluator ``name``'s jobs import, for the local job server to import once."""
+    return EVALUATORS[name]["preload"]
 
 
 def request(grid: dict) -> dict:

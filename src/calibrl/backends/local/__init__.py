@@ -24,6 +24,7 @@ class LocalBackend:
         "retention": "the CPU trainer's checkpoints are small and resumed from",
         "models_dir": "tiny models are built here, never downloaded",
     }
+    preload = ("calibrl.backends.local.trainer", "calibrl.backends.local.warmstart")
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []

@@ -43,6 +43,7 @@ class OpenRLHFBackend:
         "warmstart": "Hub models are the paper's starting points (no warm start)",
         "train.dapo_max_gen_batches": "OpenRLHF's dynamic sampling refills a batch until the data run out",
     }
+    preload = ()  # its jobs run under SLURM in their own environment, never in the local job server
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []
