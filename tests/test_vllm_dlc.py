@@ -467,6 +467,8 @@ def test_dlc_hooks_fit_the_pinned_openrlhf(monkeypatch, tmp_path):
     engine_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_engine")
     generator_mod = pytest.importorskip("openrlhf.trainer.ppo_utils.samples_generator")
     wrap_mod = pytest.importorskip("openrlhf.trainer.ray.vllm_worker_wrap")
+    for target in openrlhf_dlc.TARGETS:  # what the launcher checks before Ray starts, vLLM's targets included
+        target.check()
     tok = build_tokenizer()
     for name in ("policy", "memory"):  # vLLM's engine args read the model's config
         save(build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1), tok, tmp_path / name)

@@ -156,24 +156,39 @@ def _cpu_device():
     return torch.device("cpu")
 
 
-SET_DEVICE = Target("torch.cuda", "set_device")
-SYNCHRONIZE = Target("torch.cuda", "synchronize")
-CURRENT_DEVICE = Target("torch.cuda", "current_device")
-CURRENT_STREAM = Target("torch.cuda", "current_stream")
+SET_DEVICE = Target("torch.cuda", "set_device", params=("device",))
+SYNCHRONIZE = Target("torch.cuda", "synchronize", params=("device",))
+CURRENT_DEVICE = Target("torch.cuda", "current_device", params=())
+CURRENT_STREAM = Target("torch.cuda", "current_stream", params=("device",))
 DEVICE_MESH = Target("openrlhf.utils.deepspeed.deepspeed", "init_device_mesh")
-REPLAY_BUFFER = Target("openrlhf.trainer.ppo_utils.replay_buffer", "NaiveReplayBuffer.__init__")
-PROCESS_GROUP = Target("openrlhf.utils.distributed_util", "stateless_init_process_group")
+REPLAY_BUFFER = Target(
+    "openrlhf.trainer.ppo_utils.replay_buffer",
+    "NaiveReplayBuffer.__init__",
+    params=("self", "sample_batch_size", "limit", "cpu_offload", "packing_samples", "dynamic_batch"),
+)
+PROCESS_GROUP = Target(
+    "openrlhf.utils.distributed_util",
+    "stateless_init_process_group",
+    params=("master_address", "master_port", "rank", "world_size", "device"),
+)
 ACTOR_PROCESS_GROUP = Target("openrlhf.trainer.ray.ppo_actor", "stateless_init_process_group")
-UPDATE_WEIGHT = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight", uses="device='cuda'")
+UPDATE_WEIGHT = Target(
+    "openrlhf.trainer.ray.vllm_worker_wrap",
+    "WorkerWrap.update_weight",
+    uses="device='cuda'",
+    params=("self", "name", "dtype", "shape", "empty_cache"),
+)
 VLLM_LINEAR = Target(
     "vllm.model_executor.layers.linear",
     "UnquantizedLinearMethod.process_weights_after_loading",
     uses="_cpu_skip_gemm_dispatch",
+    params=("self", "layer"),
 )
 VLLM_HEAD = Target(
     "vllm.model_executor.layers.vocab_parallel_embedding",
     "UnquantizedEmbeddingMethod.process_weights_after_loading",
     uses="dispatch_cpu_unquantized_gemm",
+    params=("self", "layer"),
 )
 
 

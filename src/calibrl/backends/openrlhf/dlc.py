@@ -45,19 +45,50 @@ log = logging.getLogger("calibrl.openrlhf.dlc")
 ENGINE = "openrlhf.trainer.ray.vllm_engine"
 GENERATOR = "openrlhf.trainer.ppo_utils.samples_generator"
 TRAINER = "openrlhf.trainer.ppo_trainer"
-ENGINE_ARGS = Target(ENGINE, "RolloutRayActor.__init__", uses="vllm.AsyncEngineArgs(")
-PROCESS = Target(GENERATOR, "SamplesGenerator._process_response_into_experience")
+ENGINE_ARGS = Target(
+    ENGINE,
+    "RolloutRayActor.__init__",
+    uses="vllm.AsyncEngineArgs(",
+    params=("self", "*args", "bundle_indices", "agent_func_path", "remote_rm_url", "mm_pad_token_ids", "**kwargs"),
+)
+PROCESS = Target(
+    GENERATOR, "SamplesGenerator._process_response_into_experience", params=("self", "response", "**generate_kwargs")
+)
 SAMPLING_PARAMS = Target(GENERATOR, "SamplingParams")
-INIT_STATES = Target(TRAINER, "BasePPOTrainer.init_checkpoint_states")
-TRAIN_STEP = Target(TRAINER, "BasePPOTrainer.train_step")
-WORKER_WRAP = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.init_process_group")
-UPDATE_WEIGHT = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight")
-BATCH_CALL = Target(ENGINE, "batch_vllm_engine_call")
-PROCESS_GROUP = Target("openrlhf.utils.distributed_util", "stateless_init_process_group")
+INIT_STATES = Target(TRAINER, "BasePPOTrainer.init_checkpoint_states", params=("self",))
+TRAIN_STEP = Target(TRAINER, "BasePPOTrainer.train_step", params=("self", "rollout_samples", "global_step"))
+WORKER_WRAP = Target(
+    "openrlhf.trainer.ray.vllm_worker_wrap",
+    "WorkerWrap.init_process_group",
+    params=("self", "master_address", "master_port", "rank_offset", "world_size", "group_name", "backend", "use_ray"),
+)
+UPDATE_WEIGHT = Target(
+    "openrlhf.trainer.ray.vllm_worker_wrap",
+    "WorkerWrap.update_weight",
+    params=("self", "name", "dtype", "shape", "empty_cache"),
+)
+BATCH_CALL = Target(
+    ENGINE, "batch_vllm_engine_call", params=("engines", "method_name", "*args", "rank_0_only", "**kwargs")
+)
+PROCESS_GROUP = Target(
+    "openrlhf.utils.distributed_util",
+    "stateless_init_process_group",
+    params=("master_address", "master_port", "rank", "world_size", "device"),
+)
 LAUNCHER = "openrlhf.trainer.ray.launcher"
-ACTOR_GROUP = Target(LAUNCHER, "RayActorGroup._initiate_actors")
-IPC_UPDATE = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight_cuda_ipc")
-GPU_ID = Target("openrlhf.trainer.ray.utils", "get_physical_gpu_id")
+ACTOR_GROUP = Target(LAUNCHER, "RayActorGroup._initiate_actors", params=("self", "pg", "num_gpus_per_actor"))
+IPC_UPDATE = Target(
+    "openrlhf.trainer.ray.vllm_worker_wrap",
+    "WorkerWrap.update_weight_cuda_ipc",
+    params=("self", "name", "dtype", "shape", "ipc_handles", "empty_cache"),
+)
+GPU_ID = Target("openrlhf.trainer.ray.utils", "get_physical_gpu_id", params=())
+# vLLM's engine arguments, which RolloutRayActor.__init__ reads as vllm.AsyncEngineArgs (a lazy attribute of vllm):
+# replaced in its module by a factory (a class cannot be functools-wrapped), which sets two of its fields.
+VLLM_ENGINE_ARGS = Target("vllm", "AsyncEngineArgs")  # the name replaced (resolved on the imported module)
+ENGINE_ARGS_CLASS = Target("vllm.engine.arg_utils", "AsyncEngineArgs")  # where it is defined (checked)
+HF_OVERRIDES = Target("vllm.engine.arg_utils", "EngineArgs", uses="hf_overrides: HfOverrides")
+WORKER_EXTENSION = Target("vllm.engine.arg_utils", "EngineArgs", uses="worker_extension_cls: str")
 TARGETS = (
     ENGINE_ARGS,
     PROCESS,
@@ -71,6 +102,9 @@ TARGETS = (
     ACTOR_GROUP,
     IPC_UPDATE,
     GPU_ID,
+    ENGINE_ARGS_CLASS,
+    HF_OVERRIDES,
+    WORKER_EXTENSION,
 )
 MEMORY_GROUP = "calibrl_dlc_memory"
 CHECK_SEQUENCES = 4
@@ -118,8 +152,7 @@ def patch_engines(module: ModuleType, memory_path: str, mu: float) -> None:
     from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs
 
     ENGINE_ARGS.resolve(module)
-    vllm = module.vllm
-    base = vllm.AsyncEngineArgs
+    owner, attr, base = VLLM_ENGINE_ARGS.resolve(module.vllm)
     if TAG in getattr(base, "__calibrl_patch__", frozenset()):
         return
 
@@ -129,7 +162,7 @@ def patch_engines(module: ModuleType, memory_path: str, mu: float) -> None:
         return base(*args, **kwargs)
 
     make.__calibrl_patch__ = frozenset({TAG})
-    vllm.AsyncEngineArgs = make  # read as vllm.AsyncEngineArgs by RolloutRayActor.__init__
+    setattr(owner, attr, make)  # read as vllm.AsyncEngineArgs by RolloutRayActor.__init__
 
 
 def _make_worker_wrap():

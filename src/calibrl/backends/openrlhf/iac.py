@@ -48,7 +48,7 @@ from calibrl.backends.openrlhf.patching import Target, when_imported
 log = logging.getLogger("calibrl.openrlhf.iac")
 
 MODULE = "openrlhf.trainer.ppo_utils.experience_maker"
-METHOD = Target(MODULE, "RemoteExperienceMaker.compute_advantages_and_returns")
+METHOD = Target(MODULE, "RemoteExperienceMaker.compute_advantages_and_returns", params=("self", "experiences"))
 COMPUTE_REWARD = Target(MODULE, "compute_reward")
 TARGETS = (METHOD, COMPUTE_REWARD)
 SUPPORTED = ("group_norm", "rloo", "reinforce_baseline", "dr_grpo")

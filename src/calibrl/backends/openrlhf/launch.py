@@ -119,7 +119,7 @@ def openrlhf_argv(settings_path: str | Path) -> list[str]:
     return cpu_standins.cpu_argv(argv) if cpu_standins.enabled(stamp) else argv
 
 
-FINAL_SAVE = Target("openrlhf.trainer.ray.launcher", "RayActorGroup.async_save_model")
+FINAL_SAVE = Target("openrlhf.trainer.ray.launcher", "RayActorGroup.async_save_model", params=("self",))
 
 
 def skip_final_save() -> None:

@@ -28,7 +28,11 @@ from calibrl.backends.openrlhf.patching import Target, when_imported
 log = logging.getLogger("calibrl.openrlhf.loss_norm")
 
 PACKAGE = "openrlhf.models"
-AGGREGATE = Target("openrlhf.models.loss", "aggregate_loss")
+AGGREGATE = Target(
+    "openrlhf.models.loss",
+    "aggregate_loss",
+    params=("loss", "loss_mask", "token_level_loss", "dp_size", "batch_num_tokens", "global_batch_size"),
+)
 TARGETS = (AGGREGATE,)
 
 

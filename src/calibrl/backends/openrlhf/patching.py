@@ -29,7 +29,8 @@ MARK = "__calibrl_patch__"
 
 
 class PatchTargetMissing(RuntimeError):
-    """The installed OpenRLHF lacks a symbol a patch wraps (another version than the pinned one)."""
+    """An installed package (OpenRLHF, or vLLM, DeepSpeed, torch) lacks a symbol a patch wraps, or has it in another
+    shape than the pinned release's."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class Target:
         return f"{self.module}:{self.name}"
 
     def _missing(self, why: str) -> PatchTargetMissing:
-        return PatchTargetMissing(
-            f"{self} {why}: calibrl patches OpenRLHF {PINNED} (pip install openrlhf=={PINNED}); "
-            f"the installed OpenRLHF is {_installed_version()}"
-        )
+        package = self.module.split(".")[0]
+        pins = f"OpenRLHF {PINNED} (pip install openrlhf=={PINNED})"
+        if package != "openrlhf":  # vLLM, DeepSpeed, torch: the versions the cluster environment pins with it
+            pins += f" and the {package} that envs/cluster-train.yaml pins; the installed {package} is "
+            pins += _installed_version(package)
+        return PatchTargetMissing(f"{self} {why}: calibrl patches {pins}; the installed OpenRLHF is "
+                                  f"{_installed_version()}")  # fmt: skip
 
     def check(self) -> None:
         """Find the target in the installed package's source (nothing is imported, not even the module's parents,
@@ -133,11 +137,11 @@ def _params(node: ast.stmt) -> tuple[str, ...] | None:
                  + ([f"**{a.kwarg.arg}"] if a.kwarg else []))  # fmt: skip
 
 
-def _installed_version() -> str:
+def _installed_version(package: str = "openrlhf") -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("openrlhf")
+        return version(package)
     except PackageNotFoundError:
         return "not installed"
 

@@ -31,8 +31,14 @@ log = logging.getLogger("calibrl.openrlhf.rehearsal_faults")
 
 ENV = "CALIBRL_REHEARSAL_FAULTS"
 DRIVER_ENV = "CALIBRL_DRIVER_PID"
-TRAIN_STEP = Target("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.train_step")
-SAVE_MODEL = Target("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy.save_model")
+TRAIN_STEP = Target(
+    "openrlhf.trainer.ppo_trainer", "BasePPOTrainer.train_step", params=("self", "rollout_samples", "global_step")
+)
+SAVE_MODEL = Target(
+    "openrlhf.utils.deepspeed.deepspeed",
+    "DeepspeedStrategy.save_model",
+    params=("self", "model", "tokenizer", "output_dir", "**kwargs"),
+)
 TARGETS = (TRAIN_STEP, SAVE_MODEL)
 KINDS = ("mid_step", "before_hf")
 TAG = "rehearsal_fault"

@@ -25,9 +25,9 @@ log = logging.getLogger("calibrl.openrlhf.steps")
 
 TRAINER = "openrlhf.trainer.ppo_trainer"
 GENERATOR = "openrlhf.trainer.ppo_utils.samples_generator"
-GENERATE = Target(GENERATOR, "SamplesGenerator.generate_samples")
-TRAIN_STEP = Target(TRAINER, "BasePPOTrainer.train_step")
-INIT_STATES = Target(TRAINER, "BasePPOTrainer.init_checkpoint_states")
+GENERATE = Target(GENERATOR, "SamplesGenerator.generate_samples", params=("self", "**generate_kwargs"))
+TRAIN_STEP = Target(TRAINER, "BasePPOTrainer.train_step", params=("self", "rollout_samples", "global_step"))
+INIT_STATES = Target(TRAINER, "BasePPOTrainer.init_checkpoint_states", params=("self",))
 TARGETS = (GENERATE, TRAIN_STEP, INIT_STATES)
 SEGMENT = Path("ckpt") / "segment.json"
 
