@@ -83,6 +83,14 @@ IPC_UPDATE = Target(
     params=("self", "name", "dtype", "shape", "ipc_handles", "empty_cache"),
 )
 GPU_ID = Target("openrlhf.trainer.ray.utils", "get_physical_gpu_id", params=())
+# The private state DLCWorkerWrap swaps to run a second weight-sync group: set by init_process_group, read by
+# update_weight (OpenRLHF 0.11.2's WorkerWrap).
+SYNC_GROUP_SET = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.init_process_group",
+                        uses="self._model_update_group = stateless_init_process_group(")  # fmt: skip
+SYNC_RAY_SET = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.init_process_group",
+                      uses="self._model_update_with_ray = use_ray")  # fmt: skip
+SYNC_READ = Target("openrlhf.trainer.ray.vllm_worker_wrap", "WorkerWrap.update_weight",
+                   uses="if self._model_update_with_ray:")  # fmt: skip
 # vLLM's engine arguments, which RolloutRayActor.__init__ reads as vllm.AsyncEngineArgs (a lazy attribute of vllm):
 # replaced in its module by a factory (a class cannot be functools-wrapped), which sets two of its fields.
 VLLM_ENGINE_ARGS = Target("vllm", "AsyncEngineArgs")  # the name replaced (resolved on the imported module)
@@ -105,6 +113,9 @@ TARGETS = (
     ENGINE_ARGS_CLASS,
     HF_OVERRIDES,
     WORKER_EXTENSION,
+    SYNC_GROUP_SET,
+    SYNC_RAY_SET,
+    SYNC_READ,
 )
 MEMORY_GROUP = "calibrl_dlc_memory"
 CHECK_SEQUENCES = 4
