@@ -293,7 +293,8 @@ def download_params(config: dict, model: str) -> dict:
 
 def rank_params(config: dict, model: str) -> dict:
     """The filtering baseline's ranking of the training queries (paper scale): the initial model sampled with the
-    training settings, by the evaluator's engines."""
+    training settings, by vLLM's engines (rule rank_train runs ``calibrl.evaluate.vllm.rank_job``, whatever the
+    evaluator)."""
     grid = config["grid"]
     tr, ev = grid["train"], grid["eval"]
     return {
@@ -365,7 +366,7 @@ def problems(config: dict) -> list[tuple[str, str]]:
         for name in grid["tables"][table]:
             if name not in grid["methods"]:
                 out.append((f"grid.tables.{table}", f"method {name!r} is not defined under grid.methods"))
-            elif grid["methods"][name]["dlc_mu"] > 0 and not memory:
+            elif method(config, name).uses_dlc and not memory:
                 what = f"DLC needs a memory model, and grid.models.{grid['main_model']}.memory is not set"
                 out.append((f"grid.methods.{name}.dlc_mu", what))
     for name in grid["extra_seeds"]:

@@ -4,9 +4,9 @@ A method in the config is a bundle of switches (``grid.methods.<name>``: estimat
 DAPO, the filtering share, the loss aggregation). :func:`compile_method` turns it, with ``grid.train``, into a
 :class:`MethodSpec` that holds every consequence of those switches (DAPO: no KL, clip-higher, dual clip 10,
 token-mean, a +1 / -1 reward with overlong shaping, dynamic sampling; DLC: the memory's learning rate): the one
-place a switch is interpreted. The spec goes into the run's ``settings.json``, which both backends read; nobody
-re-derives a switch from the raw config. Defaults live in the config schema alone (``calibrl.config``): these
-classes take complete dicts.
+place a switch is interpreted. The spec goes into the run's ``settings.json``, which both backends read rather than
+re-derive a switch from the raw config. Defaults live in the config schema (``calibrl.config``): these classes take
+complete dicts.
 """
 
 from __future__ import annotations

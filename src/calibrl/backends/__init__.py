@@ -2,11 +2,13 @@
 its folder name is its ``grid.trainer`` value (the config schema's enum is read from :func:`names`).
 
 The workflow asks a backend what a run needs before any job (its input files, its segments, its SLURM request,
-the config keys it refuses), and its jobs hand it a run's ``settings.json`` (``calibrl.checkpoints.stamp``: the
-compiled method, the settings, the input files) and nothing else. ``calibrl.backends.jobs`` holds the jobs the
-rules call. Adding a backend: a folder with a ``BACKEND``. A GPU backend also meets parts that are OpenRLHF's today
-and live outside this protocol: the cost planner (``calibrl.plan`` prices OpenRLHF's layout), the preflight's training
-checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in ``pyproject.toml`` (docs/architecture.md).
+the config keys it refuses, the modules the local job server preloads for it), and its jobs hand it a run's
+``settings.json`` (``calibrl.checkpoints.stamp``: the compiled method, the settings, the input files), the segment's
+end and the job's resources. ``calibrl.backends.jobs`` holds the jobs the rules call. Adding a backend: a folder
+with a ``BACKEND``, and today more (docs/architecture.md, "Adding things"): its models come from rule warmstart or
+rule download_model, and a GPU backend meets parts that are OpenRLHF's and live outside this protocol: the cost
+planner (``calibrl.plan`` prices OpenRLHF's layout), the preflight's training checks, the schema's ``$defs/layout``
+and the vLLM plugin entry point in ``pyproject.toml``.
 """
 
 from __future__ import annotations

@@ -4,15 +4,17 @@ A training job (``OpenRLHFBackend.train``) prepares the run's prompt file (``dat
 ``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT`` inside a private Ray cluster spanning the job's
 SLURM allocation (``ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's settings.json
 (``command``), starts Ray with one setup hook (``hook``) that installs the patches every run needs (``steps``: the
-step limit; ``fused_adam``: DeepSpeed's optimizer kernel from torch) and those the run's method names (``iac``;
-``loss_norm``: Dr. GRPO's normaliser; ``dlc``), each naming the 0.11.2 symbols it wraps (``patching``), runs
+step limit; ``fused_adam``: DeepSpeed's optimizer kernel from torch), the one its weight-decay scope needs
+(``decay_scope``) and those the run's method names (``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``), each
+naming the pinned symbols it wraps, with their parameters (``patching``), runs
 ``openrlhf.cli.train_ppo_ray`` and writes a marker per saved checkpoint.
 ``reward`` is the custom reward file, ``layout`` the GPU layout of a run, ``metrics`` its TensorBoard scalars.
 DLC: ``vllm_dlc`` is the composite policy+memory vLLM model (registered through the package's
 ``vllm.general_plugins`` entry point), ``memory_actor`` trains m_phi in a Ray actor.
 
-Nothing here imports OpenRLHF, Ray, DeepSpeed, vLLM or torch at module level, so every module imports on a CPU
-machine; the tests check the argv against OpenRLHF's real parser and the patches against its real code.
+No module here imports OpenRLHF, Ray, DeepSpeed or vLLM at module level, and the patch, hook and launcher modules
+import only the standard library and calibrl (the DLC and reward modules import torch), so every module imports on a
+CPU machine; the tests check the argv against OpenRLHF's real parser and the patches against its real code.
 """
 
 from __future__ import annotations

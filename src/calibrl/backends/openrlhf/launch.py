@@ -9,7 +9,8 @@
    it left (a resumed run), and stops there if the segment's last step (``STOP_AT``) is saved already;
 3. records ``STOP_AT`` for the step limit (``steps.write_segment``), then starts Ray, or joins the cluster in
    ``RAY_ADDRESS`` (``ray_cluster.sh`` exports it), with ``hook.setup`` as every worker's
-   ``worker_process_setup_hook`` and one variable, ``CALIBRL_SETTINGS``, the settings' path. OpenRLHF's
+   ``worker_process_setup_hook`` and ``CALIBRL_SETTINGS``, the settings' path (beside it the grading pool's size and
+   timeout, and a rehearsal's faults: :func:`runtime_env`). OpenRLHF's
    ``train()`` calls ``ray.init`` only when Ray is not initialised yet, so this runtime environment is the one
    every actor gets; OpenRLHF's own ``env_vars`` are passed on here for the same reason;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there), without its final full-model
