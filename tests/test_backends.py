@@ -8,6 +8,7 @@ import inspect
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,111 @@ def test_weight_decay_is_a_setting_both_backends_apply(tmp_path):
     paper_stamp = json.loads(paper_settings(paper, G.Run("qwen3-8b", "grpo", 0), tmp_path / "p").read_text())
     argv = build_command(paper_stamp, tmp_path / "p", tmp_path / "p.jsonl", 40000)
     assert argv[argv.index("--actor.adam.weight_decay") + 1] == "0.05"
+
+
+FROZEN = '''"""A throwaway backend (tests/test_backends.py): its policy never moves (each checkpoint is the start)."""
+
+import json
+import shutil
+from pathlib import Path
+
+from calibrl.checkpoints import write_marker
+from calibrl.runs import checkpoint_steps
+
+
+class FrozenBackend:
+    name = "frozen"
+    on_gpus = False
+    extends_runs = True
+    env = "../../envs/local.yaml"
+    ignored = {}
+    preload = ()
+
+    def problems(self, grid, runs):
+        return [(f"grid.methods.{spec.name}.dlc_mu", "a frozen policy has no memory") for _, spec in runs
+                if spec.uses_dlc]
+
+    def model_file(self, model, data):
+        return f"models/{model}/d{data}/init.json"  # rule warmstart makes it
+
+    def inputs(self, grid, run, spec, data):
+        return {"init": self.model_file(run.model, data)}
+
+    def segments(self, grid, run, spec):
+        return [int(grid["train"]["steps"])]
+
+    def request(self, grid, run, spec):
+        return {}
+
+    def resources(self, grid, run, spec):
+        return None
+
+    def train(self, settings_path, stop_at, threads, workers):
+        stamp = json.loads(Path(settings_path).read_text())
+        ckpt = Path(settings_path).parent / "ckpt"
+        for step in checkpoint_steps(stamp["settings"]["train"]["eval_every"], stop_at):
+            policy = ckpt / f"step_{step}" / "policy"
+            if not policy.is_dir():
+                shutil.copytree(stamp["paths"]["init"], policy)
+            write_marker(ckpt / f"step_{step}.done", step, policy)
+        (Path(settings_path).parent / "metrics.jsonl").write_text("")
+
+    def metrics(self, run_dir, out_path):
+        Path(out_path).write_text((Path(run_dir) / "metrics.jsonl").read_text())
+
+    def release(self, policy_dir, step, keep_steps):
+        return False
+
+
+BACKEND = FrozenBackend()
+'''
+
+
+@pytest.mark.slow
+def test_a_new_backend_is_one_folder(tmp_path):
+    """A backend written into a copy of the package, one folder and nothing else, is a valid grid.trainer: the config
+    check refuses by key what it cannot run, the DAG plans and runs through it (training, evaluation, the report),
+    and the import contracts cover it. (A CPU backend: a GPU one still meets OpenRLHF's planner and preflight,
+    issue 34.)"""
+    import shutil
+
+    from conftest import SNAKEMAKE, copy_workflow
+
+    work = copy_workflow(tmp_path)
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src" / "calibrl", src / "calibrl", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    (src / "calibrl" / "backends" / "frozen").mkdir()
+    (src / "calibrl" / "backends" / "frozen" / "__init__.py").write_text(FROZEN)
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file() and "frozen" not in p.parts} == before
+
+    cfg = yaml.safe_load((work / ".test" / "config.yaml").read_text())
+    cfg["grid"]["trainer"] = "frozen"
+    env = {**__import__("os").environ, "PYTHONPATH": str(src)}
+
+    def run(config: dict, *args: str) -> subprocess.CompletedProcess:
+        path = work / "frozen.yaml"
+        path.write_text(yaml.safe_dump(config))
+        cmd = [*SNAKEMAKE, "--configfile", str(path), *args]
+        return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+
+    proc = run(cfg, "-n")  # the whole micro grid has a DLC method: refused, by its key
+    assert proc.returncode != 0 and "grid.methods.dapo_iac_dlc.dlc_mu" in proc.stdout + proc.stderr
+    dlc = [m for m, spec in cfg["grid"]["methods"].items() if spec.get("dlc_mu", 0) > 0]
+    for m in dlc:
+        del cfg["grid"]["methods"][m]
+        for table, names in cfg["grid"]["tables"].items():
+            cfg["grid"]["tables"][table] = [n for n in names if n != m]
+    run_one = ["--cores", "2", str(Path(cfg["results"]) / "runs" / "qwen3-tiny-m" / "grpo" / "s0" / "eval" / "step_"
+                                   f"{cfg['grid']['train']['steps']}.json")]  # fmt: skip
+    proc = run(cfg, *run_one)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((work / run_one[-1]).read_text())
+    assert (
+        out["splits"] and (work / cfg["results"] / "runs" / "qwen3-tiny-m" / "grpo" / "s0" / "settings.json").exists()
+    )
+    settings = json.loads((work / cfg["results"] / "runs/qwen3-tiny-m/grpo/s0/settings.json").read_text())
+    assert settings["settings"]["backend"] == "frozen"
+    lint = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=REPO, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert lint.returncode == 0 and "3 kept, 0 broken" in lint.stdout, lint.stdout[-3000:]
