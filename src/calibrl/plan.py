@@ -55,11 +55,6 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
     "weights_load_gb_per_s": (0.18, "assumption: weights read from the shared file system at job start"),
     "step_overhead_s": (30.0, "assumption: weight broadcast to vLLM, sleep/wake, logging per step"),
     "dapo_generation_factor": (1.5, "assumption: DAPO's dynamic sampling regenerates ~half a batch per step"),
-    "train_rows": (40315, "DeepScaleR-Preview-Dataset: 40,315 problems"),
-    "eval_problems": (
-        7796,
-        "GSM8K 1,319 + MATH-500 500 + MATH (lighteval) 5,000 + AIME24 30 + Minerva 272 + OlympiadBench 675",
-    ),
     "data_bytes_per_problem": (1000, "assumption: one normalised JSONL row, problem + answer + metadata"),
     "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
     "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
@@ -211,13 +206,18 @@ def startup_seconds(a: dict, *hf_ids: str) -> float:
     return a["startup_fixed_s"] + weights / (a["weights_load_gb_per_s"] * 1e9)
 
 
-def data_rows(config: dict, a: dict) -> tuple[float, float]:
-    """(training rows, evaluation problems): the datasets', or ``grid.data.subset`` per file where set."""
+def data_rows(config: dict) -> tuple[int, int]:
+    """(training rows, evaluation problems): each data set's published size (``BenchmarkSpec.rows``; countdown's:
+    ``grid.data.splits``), at most ``grid.data.subset`` per file where set."""
+    from calibrl.data.benchmarks import get_spec
+
     data = config["grid"]["data"]
-    cap = data.get("subset")
-    if not cap:
-        return a["train_rows"], a["eval_problems"]
-    return min(a["train_rows"], cap), min(a["eval_problems"], cap * len(data["eval_splits"]))
+    if data["source"] == "countdown":
+        size = data["splits"]
+        return size["train"], sum(size[k] for k in data["eval_splits"])
+    cap = data.get("subset") or math.inf
+    train = min(get_spec(data["train"]).rows, cap)
+    return train, sum(min(get_spec(k).rows, cap) for k in data["eval_splits"])
 
 
 @dataclass
@@ -378,7 +378,7 @@ def plan(
     runs = G.runs(config)
     rows: list[Row] = []
     splits = ["train", *grid["data"]["eval_splits"]]
-    train_rows, eval_problems = data_rows(config, a)
+    train_rows, eval_problems = data_rows(config)
     data_bytes = (train_rows + eval_problems) * a["data_bytes_per_problem"]
     rows.append(Row("data_download", len(splits), 0, 5 / 60, _gb(data_bytes), "login node, CPU"))
     used = G.run_models(config)

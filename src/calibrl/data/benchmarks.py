@@ -438,6 +438,7 @@ class BenchmarkSpec:
     data_files: tuple[str, ...]
     columns: str
     normaliser: Callable[[Iterable[Mapping]], Normalised] = field(repr=False, compare=False)
+    rows: int = 0  # the split's published size: what the cluster planner prices (calibrl.plan.data_rows)
     role: str = "eval"  # "train" or "eval"
 
     def normalise(self, raw_rows: Iterable[Mapping]) -> Normalised:
@@ -458,6 +459,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ("deepscaler.json", "data/train-*.parquet"),
             "problem, answer, solution",
             normalise_deepscaler,
+            rows=40315,
             role="train",
         ),
         BenchmarkSpec(
@@ -468,6 +470,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ("main/test-*.parquet",),
             "question, answer (solution ending in '#### <number>')",
             normalise_gsm8k,
+            rows=1319,
         ),
         BenchmarkSpec(
             "math500",
@@ -477,6 +480,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ("test.jsonl",) + _GENERIC_TEST[1:],
             "problem, solution, answer, subject, level, unique_id",
             normalise_math500,
+            rows=500,
         ),
         BenchmarkSpec(
             "lighteval",
@@ -486,6 +490,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ("data/test-*.parquet",),
             "problem, level, solution, type",
             normalise_lighteval,
+            rows=5000,
         ),
         BenchmarkSpec(
             "aime24",
@@ -495,6 +500,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             ("data/train-*.parquet", "train.jsonl", "train-*.parquet"),
             "id, problem, solution, answer, url, year",
             normalise_aime24,
+            rows=30,
         ),
         BenchmarkSpec(
             "minerva",
@@ -504,6 +510,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             _GENERIC_TEST,
             "question, answer (the boxed answer), solution if present",
             normalise_minerva,
+            rows=272,
         ),
         BenchmarkSpec(
             "olympiadbench",
@@ -513,6 +520,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             _GENERIC_TEST,
             "id, question, final_answer (list), context, solution, unit, answer_type, is_multiple_answer, subfield",
             normalise_olympiadbench,
+            rows=675,
         ),
     )
 }
