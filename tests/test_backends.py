@@ -192,7 +192,7 @@ BACKEND = FrozenBackend()
 def test_a_new_backend_is_one_folder(tmp_path):
     """A backend written into a copy of the package, one folder and nothing else, is a valid grid.trainer: the config
     check refuses by key what it cannot run, the DAG plans and runs through it (training, evaluation, the report),
-    and the import contracts cover it. (A CPU backend: a GPU one still meets OpenRLHF's planner and preflight,
+    and the import contracts cover it. (A CPU backend: a GPU one still meets OpenRLHF's preflight and layout schema,
     issue 34.)"""
     import shutil
 

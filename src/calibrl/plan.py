@@ -16,7 +16,8 @@ Throughput model (per GPU, bf16):
   mean context`` at ``gen_kv_efficiency`` of HBM bandwidth; tokens/s = 1 / (compute time + KV time).
   Prompt tokens are prefilled at ``train_mfu`` of peak (2 N FLOPs each). ``--assume gen_tokens_per_s.<hf_id>=X``
   replaces the formula for a model by a measured figure.
-* training (OpenRLHF, DeepSpeed): ``train_flops_per_param_token x N`` FLOPs per (prompt + response) token at
+* training (each GPU backend prices its runs, ``Backend.train_cost``; OpenRLHF's, ``backends/openrlhf/cost.py``,
+  with DeepSpeed): ``train_flops_per_param_token x N`` FLOPs per (prompt + response) token at
   ``train_mfu`` of peak on the actor GPUs (fwd + bwd 6N, activation recomputation 2N, the old-policy
   forward 2N, the reference forward 2N).
 * generation ends with its long tail: the longest response (at the budget) finishes alone, each token reading
@@ -38,61 +39,24 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrl import cost as C
 from calibrl import grid as G
-from calibrl.backends.openrlhf import layout as L
-
-# name: (value, where it comes from). Units in the name. Overridable: --assume name=value.
-ASSUMPTIONS: dict[str, tuple[object, str]] = {
-    "gpu_peak_tflops": (989.0, "NVIDIA H100 SXM datasheet: 989 TFLOPS dense BF16"),
-    "gpu_hbm_tb_per_s": (3.35, "NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3"),
-    "gen_mfu": (0.35, "assumption: vLLM batched decode reaches ~1/3 of peak on the weight matmuls"),
-    "gen_kv_efficiency": (0.6, "assumption: paged-attention KV reads at ~60% of HBM bandwidth"),
-    "train_mfu": (0.3, "assumption: DeepSpeed ZeRO bf16 training, typical 30-40% MFU for 4-14B"),
-    "train_flops_per_param_token": (12, "6N fwd+bwd + 2N recomputation + 2N old logprobs + 2N reference"),
-    "response_fraction": (0.35, "assumption: mean response = 35% of max_new_tokens (Qwen3 non-thinking math)"),
-    "prompt_tokens": (200, "assumption: mean rendered prompt (template + chat template + problem)"),
-    "startup_fixed_s": (150.0, "assumption: a GPU job's start: Ray, DeepSpeed, vLLM profiling and CUDA graphs"),
-    "weights_load_gb_per_s": (0.18, "assumption: weights read from the shared file system at job start"),
-    "step_overhead_s": (30.0, "assumption: weight broadcast to vLLM, sleep/wake, logging per step"),
-    "dapo_generation_factor": (1.5, "assumption: DAPO's dynamic sampling regenerates ~half a batch per step"),
-    "data_bytes_per_problem": (1000, "assumption: one normalised JSONL row, problem + answer + metadata"),
-    "hf_bytes_per_param": (2, "bf16 safetensors (OpenRLHF --ckpt.save_hf)"),
-    "ds_bytes_per_param": (14, "DeepSpeed resume state: bf16 weights 2 + fp32 master 4 + Adam moments 8"),
-    "memory_state_bytes_per_param": (12, "DLC memory actor's saved state per step: fp32 weights 4 + Adam 8"),
-    "memory_flops_per_param_token": (8, "DLC memory update: 6N fwd+bwd + 2N recomputation (no old or ref forward)"),
-    "memory_update_efficiency": (
-        0.57,
-        "measured on an H100 (2026-11-26): the memory update's rate per parameter-token over the policy update's "
-        "(the same code, Qwen3-1.7B / Qwen3-8B shapes, full 9,216-token micro-batches): 0.63 with one, 0.57 with "
-        "ten (benchmarks/memory_update_efficiency.py --device cuda --sequences 1,3,30; docs/cluster.md); the lower "
-        "taken",
-    ),
-    "decode_alone_hbm_efficiency": (
-        0.5,
-        "assumption: a lone sequence decodes at ~50% of HBM bandwidth reading the weights (no batching)",
-    ),
-    "runtime_margin": (1.5, "assumption: warn when an estimate x this margin outruns a SLURM runtime"),
-    "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
-    "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
-    # The node the jobs pack onto. Yours: `scontrol show node <name>` (Gres, CPUTot, RealMemory).
-    "node_gpus": (8, "assumption: a DGX H100-class node, 8 H100 SXM"),
-    "node_cpus": (112, "assumption: a DGX H100-class node, 2 x 56-core Xeon 8480C, one SLURM CPU per core"),
-    "node_mem_mb": (2_000_000, "assumption: a DGX H100-class node, 2 TB, less the system's share (SLURM MB)"),
-}
-
-# Qwen3 architectures, from each model's config.json on the Hub (vocab 151,936; head_dim 128).
-QWEN3 = {
-    "Qwen/Qwen3-0.6B": dict(hidden=1024, layers=28, heads=16, kv_heads=8, inter=3072, tied=True),
-    "Qwen/Qwen3-1.7B": dict(hidden=2048, layers=28, heads=16, kv_heads=8, inter=6144, tied=True),
-    "Qwen/Qwen3-4B": dict(hidden=2560, layers=36, heads=32, kv_heads=8, inter=9728, tied=True),
-    "Qwen/Qwen3-8B": dict(hidden=4096, layers=36, heads=32, kv_heads=8, inter=12288, tied=False),
-    "Qwen/Qwen3-14B": dict(hidden=5120, layers=40, heads=40, kv_heads=8, inter=17408, tied=False),
-    "Qwen/Qwen3-32B": dict(hidden=5120, layers=64, heads=64, kv_heads=8, inter=25600, tied=False),
-}
-VOCAB, HEAD_DIM = 151936, 128
-
-
-_DOWNLOADED: dict[str, dict] = {}  # hf_id -> shape, from a downloaded folder's config.json (:func:`learn`)
+from calibrl.cost import (  # noqa: F401 (the planner's model, re-exported: calibrl.plan.QWEN3 and the rest)
+    ASSUMPTIONS,
+    HEAD_DIM,
+    QWEN3,
+    VOCAB,
+    RunPlan,
+    assumptions,
+    gen_tokens_per_s,
+    generation_seconds,
+    kv_bytes_per_token,
+    memory_update_seconds,
+    parameters,
+    shape_parameters,
+    startup_seconds,
+    tail_seconds,
+)
 
 
 def learn(config: dict) -> None:
@@ -101,109 +65,9 @@ def learn(config: dict) -> None:
     import json
 
     for model in G.run_models(config):
-        hf_id = _hf(config, model)
-        folder = Path(G.model_path(config, model))
-        if hf_id in QWEN3 or hf_id in _DOWNLOADED or not (folder / "config.json").is_file():
-            continue
-        c = json.loads((folder / "config.json").read_text())
-        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        _DOWNLOADED[hf_id] = {
-            "hidden": c["hidden_size"],
-            "layers": c["num_hidden_layers"],
-            "heads": c["num_attention_heads"],
-            "kv_heads": c["num_key_value_heads"],
-            "inter": c["intermediate_size"],
-            "tied": bool(c.get("tie_word_embeddings")),
-            "vocab": c["vocab_size"],
-            "head_dim": head_dim,
-        }
-
-
-def _shape(hf_id: str) -> dict:
-    shape = QWEN3.get(hf_id) or _DOWNLOADED.get(hf_id)
-    if shape is None:
-        raise ValueError(
-            f"{hf_id}: no architecture known to the planner (calibrl.plan.QWEN3, or the config.json of its "
-            "downloaded folder); add its config"
-        )
-    return shape
-
-
-def parameters(hf_id: str) -> int:
-    """Parameter count of a Qwen3 model from its config (embeddings, attention with q/k norms, SwiGLU MLP,
-    RMSNorms, an untied LM head where the config unties it)."""
-    c = _shape(hf_id)
-    return shape_parameters(c, c.get("vocab", VOCAB), c.get("head_dim", HEAD_DIM))
-
-
-def shape_parameters(c: dict, vocab: int = VOCAB, head_dim: int = HEAD_DIM) -> int:
-    """:func:`parameters` of a ``QWEN3``-style shape (``benchmarks/`` prices its stand-ins with it)."""
-    h, q, kv = c["hidden"], c["heads"] * head_dim, c["kv_heads"] * head_dim
-    layer = h * q + 2 * h * kv + q * h + 2 * head_dim + 3 * h * c["inter"] + 2 * h
-    return c["layers"] * layer + vocab * h * (1 if c["tied"] else 2) + h
-
-
-def kv_bytes_per_token(hf_id: str) -> int:
-    """bf16 K and V of one token over all layers."""
-    c = _shape(hf_id)
-    return 2 * c["layers"] * c["kv_heads"] * c.get("head_dim", HEAD_DIM) * 2
-
-
-def assumptions(overrides: dict | None = None) -> dict:
-    """The values of ``ASSUMPTIONS`` with ``overrides`` applied (unknown names refused, by name)."""
-    values = {k: v for k, (v, _) in ASSUMPTIONS.items()}
-    for key, value in (overrides or {}).items():
-        base = key.split(".", 1)[0]
-        if base not in values and base != "gen_tokens_per_s":
-            raise ValueError(
-                f"unknown planner assumption {key!r} (known: {', '.join(sorted(values))}, gen_tokens_per_s.<hf_id>)"
-            )
-        values[key] = float(value)
-    return values
-
-
-def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float, memory: str | None = None) -> float:
-    """Output tokens/s of one GPU generating with ``hf_id`` at a mean context of ``mean_context`` tokens; with DLC's
-    ``memory``, both stacks run on every token (weights and KV cache of both)."""
-    if f"gen_tokens_per_s.{hf_id}" in a and memory is None:
-        return a[f"gen_tokens_per_s.{hf_id}"]
-    models = [hf_id, *([memory] if memory else [])]
-    compute = 2 * sum(map(parameters, models)) / (a["gen_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    kv = sum(map(kv_bytes_per_token, models)) * mean_context / (a["gen_kv_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
-    return 1.0 / (compute + kv)
-
-
-def generation_seconds(
-    a: dict, hf_id: str, sequences: float, max_new: int, gpus: float, tp: int = 1, memory: str | None = None
-) -> float:
-    """Wall seconds for ``sequences`` responses on ``gpus`` GPUs (engines of ``tp`` GPUs): prefill and decode of
-    the batch, then its long tail (:func:`tail_seconds`); ``memory``: DLC's composite (both stacks)."""
-    params = parameters(hf_id) + (parameters(memory) if memory else 0)
-    response = a["response_fraction"] * max_new
-    decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2, memory)
-    prefill = sequences * a["prompt_tokens"] * 2 * params / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    return (decode + prefill) / gpus + tail_seconds(a, params, max_new, tp)
-
-
-def memory_update_seconds(a: dict, memory: str, tokens: float, gpus: int) -> float:
-    """DLC's memory step on ``tokens`` (every sampled sequence, prompts included) over ``gpus`` ranks (FSDP):
-    ``memory_flops_per_param_token x N_m`` FLOPs per token at ``train_mfu x memory_update_efficiency``."""
-    flops = a["memory_flops_per_param_token"] * parameters(memory) * tokens
-    return flops / (a["train_mfu"] * a["memory_update_efficiency"] * a["gpu_peak_tflops"] * 1e12 * gpus)
-
-
-def tail_seconds(a: dict, params: float, max_new: int, tp: int = 1) -> float:
-    """The long tail of a batch: its longest response (at the budget: some are truncated) finishes its last
-    tokens alone, each token reading the engine's weights (``2 params / tp`` bytes per GPU) from HBM; an 8,192-token
-    response of Qwen3-8B takes ~80 s so. Batched throughput does not cover it."""
-    per_token = 2 * params / tp / (a["decode_alone_hbm_efficiency"] * a["gpu_hbm_tb_per_s"] * 1e12)
-    return max_new * per_token
-
-
-def startup_seconds(a: dict, *hf_ids: str) -> float:
-    """A GPU job's start: fixed work plus reading its models' bf16 weights (Qwen3-8B: ~240 s)."""
-    weights = sum(parameters(h) * a["hf_bytes_per_param"] for h in hf_ids)
-    return a["startup_fixed_s"] + weights / (a["weights_load_gb_per_s"] * 1e9)
+        folder = Path(G.model_path(config, model)) / "config.json"
+        if folder.is_file():
+            C.learn_shape(_hf(config, model), json.loads(folder.read_text()))
 
 
 def data_rows(config: dict) -> tuple[int, int]:
@@ -313,57 +177,26 @@ def _eval_gpus(config: dict) -> int:
 
 
 def train_row(config: dict, run: G.Run, a: dict, request: Request | None = None) -> Row:
-    """One training run (``grid.train``, its layout (``calibrl.backends.openrlhf.layout``), its method's extra work);
+    """One training run, as its backend prices it (``Backend.train_cost``: its layout, its method's extra work);
     ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job); packed onto nodes
     with the ``request`` of rule train (:func:`fit`)."""
     grid = config["grid"]
-    tr = grid["train"]
-    hf = _hf(config, run.model)
-    n_params = parameters(hf)
-    m = G.method(config, run.method)
-    lay = G.resources(config, run)
-    roles = L.run_roles(lay, m)
-    gpus = int(lay["nodes"]) * int(lay["gpus_per_node"])
-    res = roles["resources"]
-    gen_gpus = gpus if lay["colocate_all"] else res["vllm_engines"] * res["vllm_tensor_parallel_size"]
-    actor_gpus = roles["actor_gpus"]
-    sequences = tr["prompts_per_step"] * tr["group_size"]
-    tp = int(res["vllm_tensor_parallel_size"])
-    memory = G.memory_of(grid, run.model) if m.uses_dlc else None
-    mem_hf = _hf(config, memory) if memory else None
-    mem_params = parameters(mem_hf) if memory else 0
-    gen = generation_seconds(a, hf, sequences, tr["max_new_tokens"], gen_gpus, tp, mem_hf)  # DLC: both stacks
-    tokens = sequences * (a["prompt_tokens"] + a["response_fraction"] * tr["max_new_tokens"])
-    flops = a["train_flops_per_param_token"] * n_params * tokens
-    sampled = a["dapo_generation_factor"] if m.dapo else 1.0
-    gen *= sampled
-    train = flops / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12 * actor_gpus)
-    update = train
-    if memory:  # every sampled sequence, DAPO's dropped groups too; after the policy's on shared GPUs, else beside
-        mem = memory_update_seconds(a, mem_hf, tokens * sampled, roles["memory_ranks"])
-        update = train + mem if lay["colocate_all"] else max(train, mem)
-    step = gen + update + a["step_overhead_s"]
-    ends = G.segment_ends(config, run)
-    longest = max(b - e for b, e in zip(ends, [0, *ends]))
-    start = startup_seconds(a, hf, *([_hf(config, memory)] if memory else []))
-    segment_h = (longest * step + start) / 3600
-    run_h = (tr["steps"] * step + len(ends) * start) / 3600
-    checkpoints = len(G.eval_steps(config))
-    keep = G.retention(config)
-    # removed once evaluated: the newest, the kept steps, and about one segment's worth awaiting evaluation
-    waiting = longest // int(tr["eval_every"])
-    kept = min(checkpoints, 1 + len(keep["keep_steps"]) + waiting) if keep["remove_evaluated"] else checkpoints
-    # DeepSpeed states: OpenRLHF keeps --ckpt.max_num (rotated before each save); no final/ model (launch.py)
-    states = int(res["keep_ds_checkpoints"])
-    disk = kept * n_params * a["hf_bytes_per_param"] + states * n_params * a["ds_bytes_per_param"]
-    if memory:  # the memory's weights in each policy checkpoint's engine copy, and its state per kept step
-        disk += kept * mem_params * a["hf_bytes_per_param"] + states * mem_params * a["memory_state_bytes_per_param"]
-    note = (
-        f"{run.path}: {len(ends)} segments of <= {longest} steps, {segment_h:.1f} h each; a step "
-        f"{gen:.0f} s generation + {update:.0f} s training on {gpus} GPUs"
+    spec = G.method(config, run.method)
+    memory = G.memory_of(grid, run.model) if spec.uses_dlc else None
+    run_plan = RunPlan(
+        path=run.path,
+        train=grid["train"],
+        spec=spec,
+        layout=G.resources(config, run),
+        model=_hf(config, run.model),
+        memory=_hf(config, memory) if memory else None,
+        ends=tuple(G.segment_ends(config, run)),
+        checkpoints=len(G.eval_steps(config)),
+        retention=G.retention(config),
     )
-    row = Row("train", len(ends), gpus, run_h, _gb(disk), note, run_h * gpus, segment_h)
-    return _pack(row, a, int(lay["nodes"]), int(lay["gpus_per_node"]), request)
+    c = G.backend(config).train_cost(run_plan, a)
+    row = Row("train", c.jobs, c.gpus, c.run_h, _gb(c.disk_bytes), c.note, c.run_h * c.gpus, c.segment_h)
+    return _pack(row, a, c.nodes, c.gpus_per_node, request)
 
 
 def plan(

@@ -6,9 +6,9 @@ the config keys it refuses, the modules the local job server preloads for it), a
 ``settings.json`` (``calibrl.checkpoints.stamp``: the compiled method, the settings, the input files), the segment's
 end and the job's resources. ``calibrl.backends.jobs`` holds the jobs the rules call. Adding a backend: a folder
 with a ``BACKEND``, and today more (docs/architecture.md, "Adding things"): its models come from rule warmstart or
-rule download_model, and a GPU backend meets parts that are OpenRLHF's and live outside this protocol: the cost
-planner (``calibrl.plan`` prices OpenRLHF's layout), the preflight's training checks, the schema's ``$defs/layout``
-and the vLLM plugin entry point in ``pyproject.toml``.
+rule download_model, and a GPU backend meets parts that are OpenRLHF's and live outside this protocol: the
+preflight's training checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in ``pyproject.toml``.
+The cluster planner asks each run's backend what it costs (``train_cost``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pkgutil
 from functools import cache
 from typing import Protocol
 
+from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
@@ -55,6 +56,10 @@ class Backend(Protocol):
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         """Train the run of ``settings_path`` up to step ``stop_at``, resuming from its last checkpoint; called
         under the run's lock once its folder is claimed for these settings (``calibrl.backends.jobs``)."""
+
+    def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
+        """What one run costs on its GPUs (``calibrl.cost``'s throughput model, assumptions ``a``), for the cluster
+        planner (``calibrl.plan``), which prices the backends that run on GPUs (``on_gpus``)."""
 
     def metrics(self, run_dir: str, out_path: str) -> None:
         """The run's per-step training metrics as JSON lines (``step`` and the scalars) into ``out_path``."""

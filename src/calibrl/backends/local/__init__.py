@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run, checkpoint_steps
 from calibrl.spec import MethodSpec, TrainSettings
 
@@ -81,6 +82,9 @@ class LocalBackend:
                 memory_dir=paths.get("memory"),
                 template=s["template"],
             ).run()
+
+    def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
+        raise ValueError("trainer local trains tiny models on CPU: the cluster planner prices GPU backends")
 
     def metrics(self, run_dir: str, out_path: str) -> None:
         from calibrl.io import write_text

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from calibrl.backends.openrlhf import layout as L
 from calibrl.backends.openrlhf.command import ESTIMATORS
+from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
@@ -135,6 +136,11 @@ class OpenRLHFBackend:
         env["CALIBRL_REWARD_WORKERS"] = str(int(workers))
         log.info("launching: %s", " ".join(argv))
         subprocess.run(argv, check=True, env=env)
+
+    def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
+        from calibrl.backends.openrlhf.cost import train_cost
+
+        return train_cost(plan, a)
 
     def metrics(self, run_dir: str, out_path: str) -> None:
         from calibrl.backends.openrlhf.metrics import tensorboard_metrics
