@@ -7,7 +7,8 @@ the config keys it refuses, the modules the local job server preloads for it), a
 end and the job's resources. ``calibrl.backends.jobs`` holds the jobs the rules call. Adding a backend: a folder
 with a ``BACKEND``, and today more (docs/architecture.md, "Adding things"): its models come from rule warmstart or
 rule download_model, and a GPU backend meets parts that are OpenRLHF's and live outside this protocol: the
-preflight's training checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in ``pyproject.toml``.
+preflight's optimizer and DLC-engine checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in
+``pyproject.toml``.
 The cluster planner asks each run's backend what it costs (``train_cost``).
 """
 
@@ -56,6 +57,12 @@ class Backend(Protocol):
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         """Train the run of ``settings_path`` up to step ``stop_at``, resuming from its last checkpoint; called
         under the run's lock once its folder is claimed for these settings (``calibrl.backends.jobs``)."""
+
+    def rollout_engine(
+        self, train: dict, spec: MethodSpec, layout: dict, model: str, memory: str | None
+    ) -> dict | None:
+        """The vLLM engine a run's training starts (``grid.train``, its compiled method and layout, its model's
+        folder and DLC's memory's), as the preflight's ``vllm`` check starts it; None where it starts none."""
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         """What one run costs on its GPUs (``calibrl.cost``'s throughput model, assumptions ``a``), for the cluster

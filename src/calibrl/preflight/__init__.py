@@ -8,9 +8,9 @@ waived with what it saw, and fails the job, naming each cause and fix, if any ch
 ``grid.preflight.waive`` failed; its output ``preflight/<shape>.json`` is written only when all passed.
 
 Its params (:func:`params`) are what those checks read, derived from the grid: the vLLM engines to start
-(:func:`engines`: the evaluator's for evaluation shapes; for training shapes OpenRLHF's rollout engine as each kind
-of run's layout makes it, ``calibrl.backends.openrlhf.layout``), the nodes and GPUs the Ray check spans, the models,
-the results folder and the planner's disk estimate.
+(:func:`engines`: the evaluator's for evaluation shapes; for training shapes the rollout engine each kind of run
+starts, as its backend describes it: ``Backend.rollout_engine``), the nodes and GPUs the Ray check spans, the
+models, the results folder and the planner's disk estimate.
 """
 
 from __future__ import annotations
@@ -24,14 +24,10 @@ from pathlib import Path
 from calibrl import evaluate, offline
 from calibrl import grid as G
 from calibrl import plan as P
-from calibrl.backends.openrlhf import dlc as _dlc
-from calibrl.backends.openrlhf import layout as L
 from calibrl.io import write_json
 from calibrl.preflight import checks as C
 
 log = logging.getLogger("calibrl.preflight")
-WORKER_WRAP = "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"  # create_vllm_engines' worker_extension_cls
-DLC_MODULE = _dlc.__name__  # dlc.patch_engines: f"{__name__}.DLCWorkerWrap"
 
 # name: (check, the jobs that need it: "train" for training layouts, "engines" for evaluation and ranking)
 CHECKS = {
@@ -116,9 +112,9 @@ def evaluator_engine(config: dict) -> dict:
 
 
 def training_engines(config: dict, shape: str) -> list[dict]:
-    """The rollout engines of the training runs of ``shape``, started by the ``vllm`` check as OpenRLHF starts
-    them (``engine_probe``): one per kind (tensor-parallel size, sleep mode, DLC's memory and mu), each on the
-    smallest policy among the runs of that kind, with its run's layout (``layout.run_roles``). A plain kind is left
+    """The rollout engines of the training runs of ``shape``, started by the ``vllm`` check as their backend starts
+    them (``Backend.rollout_engine``, ``engine_probe``): one per kind (tensor-parallel size, sleep mode, DLC's
+    memory and mu), each on the smallest policy among the runs of that kind, with its run's layout. A plain kind is left
     out where a DLC kind of the same size and sleep mode is started: DLC's engine runs OpenRLHF's worker extension
     (``DLCWorkerWrap`` is a ``WorkerWrap``) and vLLM's Qwen3 as its policy stack, and more."""
     grid, train = config["grid"], config["grid"]["train"]
@@ -126,27 +122,14 @@ def training_engines(config: dict, shape: str) -> list[dict]:
     for run, spec in G.run_specs(config):
         if shape_name(G.request(config, run)) != shape:
             continue
-        res = L.run_roles(G.resources(config, run), spec)["resources"]
-        dlc = None
-        if spec.uses_dlc:
-            dlc = {"memory": G.model_path(config, G.memory_of(grid, run.model)), "mu": float(spec.dlc_mu)}
-        tp, sleep = int(res["vllm_tensor_parallel_size"]), bool(res["colocate_all"])
-        engine = {
-            "role": "training",
-            "model": G.model_path(config, run.model),
-            "tensor_parallel_size": tp,
-            "sleep": sleep,  # OpenRLHF: --vllm.enable_sleep, given with --train.colocate_all (command.py)
-            "gpu_memory_utilization": float(res["vllm_gpu_memory_utilization"]),
-            "prefix_caching": bool(res["prefix_caching"]),
-            "enforce_eager": "--vllm.enforce_eager" in [str(a) for a in res["extra_args"]],  # OpenRLHF's default
-            "max_model_len": int(train["max_prompt_len"]) + int(train["max_new_tokens"]),  # --data.max_len
-            "dtype": "bfloat16",  # create_vllm_engines' own
-            "worker_extension": f"{DLC_MODULE}.DLCWorkerWrap" if dlc else WORKER_WRAP,
-            # train_ppo_ray: processed logprobs where an importance correction is on (command.py: DLC, truncated)
-            "logprobs_mode": "processed_logprobs" if spec.dlc_importance == "truncated" else None,
-            "dlc": dlc,
-            "runs_of": run.model,
-        }
+        memory = G.model_path(config, G.memory_of(grid, run.model)) if spec.uses_dlc else None
+        engine = G.backend(config).rollout_engine(
+            train, spec, G.resources(config, run), G.model_path(config, run.model), memory
+        )
+        if engine is None:  # the backend starts no engine
+            continue
+        engine = {"role": "training", **engine, "runs_of": run.model}  # the keys in the order they always had
+        tp, sleep, dlc = engine["tensor_parallel_size"], engine["sleep"], engine["dlc"]
         kinds.setdefault((tp, sleep, dlc is not None, json.dumps(dlc, sort_keys=True)), []).append(engine)
     with_dlc = {(tp, sleep) for tp, sleep, dlc, _ in kinds if dlc}
     out = []

@@ -83,6 +83,9 @@ class LocalBackend:
                 template=s["template"],
             ).run()
 
+    def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict | None, model: str, memory: str | None):
+        return None  # it samples with calibrl.sampling in the training process
+
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         raise ValueError("trainer local trains tiny models on CPU: the cluster planner prices GPU backends")
 

@@ -137,6 +137,28 @@ class OpenRLHFBackend:
         log.info("launching: %s", " ".join(argv))
         subprocess.run(argv, check=True, env=env)
 
+    def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict, model: str, memory: str | None) -> dict:
+        """OpenRLHF's vLLM rollout engine for a run of this layout (``create_vllm_engines``' arguments)."""
+        from calibrl.backends.openrlhf import dlc as dlc_patch  # its patch_engines names DLCWorkerWrap so
+
+        res = L.run_roles(layout, spec)["resources"]
+        dlc = {"memory": memory, "mu": float(spec.dlc_mu)} if spec.uses_dlc else None
+        wrap = f"{dlc_patch.__name__}.DLCWorkerWrap" if dlc else "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
+        return {
+            "model": model,
+            "tensor_parallel_size": int(res["vllm_tensor_parallel_size"]),
+            "sleep": bool(res["colocate_all"]),  # --vllm.enable_sleep, given with --train.colocate_all (command.py)
+            "gpu_memory_utilization": float(res["vllm_gpu_memory_utilization"]),
+            "prefix_caching": bool(res["prefix_caching"]),
+            "enforce_eager": "--vllm.enforce_eager" in [str(a) for a in res["extra_args"]],  # OpenRLHF's default
+            "max_model_len": int(train["max_prompt_len"]) + int(train["max_new_tokens"]),  # --data.max_len
+            "dtype": "bfloat16",  # create_vllm_engines' own
+            "worker_extension": wrap,  # dlc.patch_engines sets DLC's
+            # train_ppo_ray: processed logprobs where an importance correction is on (command.py: DLC, truncated)
+            "logprobs_mode": "processed_logprobs" if spec.dlc_importance == "truncated" else None,
+            "dlc": dlc,
+        }
+
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         from calibrl.backends.openrlhf.cost import train_cost
 
