@@ -4,15 +4,14 @@ find every ordering the paper shows; on a grid with other names it compares orde
 import copy
 
 import pandas as pd
-import yaml
-from conftest import REPO
+from conftest import filled
 
 from calibrl import published as P
 from calibrl import report as R
 
 
 def paper_grid() -> dict:
-    return yaml.safe_load((REPO / "config" / "paper.yaml").read_text())["grid"]
+    return filled("paper")["grid"]  # as the workflow reads it: the schema's defaults filled in
 
 
 def paper_as_evals(shift: dict | None = None) -> pd.DataFrame:
