@@ -134,9 +134,13 @@ def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
 
 
 UNDERPOWERED = {  # primaries the recording shows the plan cannot find at its margin: each a known failure, strict
-    "P6": "the over-sharpening difference varies between data seeds (variance 17.9 points^2 between, 9.6 within; "
-    "the design had one data seed, so the plan could not see it): 0.66-0.69 power at 12 data seeds, 15 needed "
-    "(python -m calibrl.report.power results); the plan's next revision must size for it (issue 33)",
+    "P1": "revision 3 sized P1 on revision 2's variance components (1.11 points^2 between data seeds, 2.85 within: "
+    "0.9 power at 16 data seeds); its own seeds spread more (3.50 between, 4.43 within): 0.63-0.68 power at 16, 21 "
+    "needed (python -m calibrl.report.power results); a next revision sizes on both recordings (issue 33)",
+    "P6": "the over-sharpening difference between IAC and GRPO spreads more on revision 3's seeds than on revision "
+    "2's (26.9 points^2 between training seeds within a data seed, against 9.6; 16.3 between data seeds): 0.73 "
+    "power at 16 data seeds, 18 needed (python -m calibrl.report.power results); a next revision sizes on both "
+    "recordings (issue 33)",
 }
 
 
