@@ -16,9 +16,10 @@ def decay_groups(model, weight_decay: float, scope: str) -> list[dict]:
     """Parameter groups for ``torch.optim.AdamW``: the decayed at ``weight_decay``, the exempt (if any) at 0."""
     if scope not in SCOPES:
         raise ValueError(f"weight decay scope {scope!r}: expected one of {SCOPES}")
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    exempt = scope == "no_bias_norm"
-    decayed = [p for n, p in named if not (exempt and any(x in n for x in NO_DECAY))]
-    kept = [p for n, p in named if exempt and any(x in n for x in NO_DECAY)]
+    decayed, kept = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            exempt = scope == "no_bias_norm" and any(x in name for x in NO_DECAY)
+            (kept if exempt else decayed).append(p)
     groups = [{"params": decayed, "weight_decay": weight_decay}]
     return groups + ([{"params": kept, "weight_decay": 0.0}] if kept else [])
