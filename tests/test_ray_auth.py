@@ -29,7 +29,7 @@ from conftest import free_port, ray_python
 from test_slurm import local_slurm  # noqa: F401  (the fixture: a real SLURM on loopback)
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
+SCRIPT = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"
 NOBODY = 65534  # another user, for the tests that run as root
 
 # Runs inside the cluster as ray_cluster.sh's COMMAND, with the environment the script exports.

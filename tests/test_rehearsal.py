@@ -285,7 +285,7 @@ def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path
         "dlc.install_driver = lambda: None; sys.exit(launch.main(sys.argv[1:]))"
     )
     python = VLLM_VENV / "bin" / "python"
-    script = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
+    script = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"
     env = {**_env(tmp_path), "RAY_GPUS_PER_NODE": "1", "CALIBRL_REWARD_WORKERS": "1",
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     env.pop(rehearsal_faults.ENV)

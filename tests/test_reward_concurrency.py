@@ -43,11 +43,11 @@ def test_concurrent_samples_are_graded_in_one_batch(monkeypatch, tmp_path):
             if len(batches) == 1:  # hold the first batch until every other thread has handed in its sample
                 first_batch.set()
                 deadline = time.monotonic() + 120  # only a guard against a hang: the event is the trigger
-                while len(reward._pending) < n - 1 and time.monotonic() < deadline:
+                while len(reward.GRADER._pending) < n - 1 and time.monotonic() < deadline:
                     time.sleep(0.01)
             return super().grade(pairs)
 
-    reward._grader = Recording(workers=2, timeout=5)
+    reward.GRADER._grader = Recording(workers=2, timeout=5)
     cases = [(f"so \\boxed{{{42 + (i % 2)}}}<|im_end|>", "42") for i in range(n)]
     results: dict[int, dict] = {}
 
@@ -65,12 +65,12 @@ def test_concurrent_samples_are_graded_in_one_batch(monkeypatch, tmp_path):
             t.join(300)
         assert batches == [1, n - 1]  # serialised grading would give [1, 1, 1, 1, 1, 1]
         assert [results[i]["rewards"].tolist() for i in range(n)] == [[1.0 - (i % 2)] for i in range(n)]
-        assert not reward._pending and not reward._grading
+        assert not reward.GRADER._pending and not reward.GRADER._grading
         # a batch call (several samples in one call) is one batch too
         out = reward.reward_func([PROMPT + q for q, _ in cases], [PROMPT] * n, [g for _, g in cases])
         assert out["rewards"].tolist() == [1.0 - (i % 2) for i in range(n)] and batches[-1] == n
     finally:
-        reward._grader.close()
+        reward.GRADER._grader.close()
 
 
 def test_a_grading_failure_reaches_every_waiting_caller(monkeypatch, tmp_path):
@@ -80,11 +80,11 @@ def test_a_grading_failure_reaches_every_waiting_caller(monkeypatch, tmp_path):
         def grade(self, pairs):
             raise RuntimeError("pool gone")
 
-    reward._grader = Broken(workers=1, timeout=5)
+    reward.GRADER._grader = Broken(workers=1, timeout=5)
     try:
         reward.reward_func([PROMPT + "\\boxed{42}"], [PROMPT], ["42"])
     except RuntimeError as exc:
         assert "pool gone" in str(exc)
     else:
         raise AssertionError("the failure was swallowed")
-    assert not reward._grading  # the next call can lead a batch again
+    assert not reward.GRADER._grading  # the next call can lead a batch again

@@ -355,7 +355,7 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     node; the old 14B layout (28 GPUs) is never placed: its actor's group waits forever, as OpenRLHF would."""
     python = ray_python()
     shutil.copytree(REPO / "slurm", tmp_path / "slurm")
-    script = REPO / "src" / "calibrl" / "backends" / "openrlhf" / "ray_cluster.sh"
+    script = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"
     probe = REPO / "tests" / "ray_placement_probe.py"
     snakefile = MULTINODE_SNAKEFILE.format(
         paper=str(REPO / "config" / "paper.yaml"), script=script, python=python, probe=probe

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from calibrl.algo.dlc import calibrated_logits
-from calibrl.backends.openrlhf.vllm_dlc import composite_logprobs, divergence
+from calibrl.gpu.vllm_dlc import composite_logprobs, divergence
 from calibrl.models import build_model, build_tokenizer, save
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -64,7 +64,7 @@ class Engine:
 
     def set(self, policy=None, memory=None, mu=None) -> None:
         """Push HF weights (policy names as OpenRLHF broadcasts them, ``memory.*``) and mu into the engine."""
-        from calibrl.backends.openrlhf.vllm_dlc import push
+        from calibrl.gpu.vllm_dlc import push
 
         weights = []
         if policy is not None:
@@ -101,7 +101,7 @@ def engine(request, tmp_path_factory):
     policy, memory = _peaked(tok, policy_kwargs), _peaked(tok, memory_kwargs)
     save(policy, tok, root / "policy")
     save(memory, tok, root / "memory")
-    from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs
+    from calibrl.gpu.vllm_dlc import engine_kwargs
 
     llm = vllm.LLM(
         model=str(root / "policy"),
@@ -143,7 +143,7 @@ def _engine_vs_hf(engine: Engine, seed: int) -> dict:
 
 @pytest.mark.vllm
 def test_logprobs_equal_composite_before_and_after_updates_and_at_mu_zero(engine):
-    from calibrl.backends.openrlhf.vllm_dlc import compile_configs
+    from calibrl.gpu.vllm_dlc import compile_configs
 
     # each stack compiled (where the engine compiles) under its own config: its own AOT cache key
     stacks = engine.llm.apply_model(compile_configs)[0]
@@ -262,7 +262,7 @@ def _first_token_probs(engine: Engine) -> torch.Tensor:
 def test_memory_actor_dlc_steps_and_resume(engine, ray_session, tmp_path):
     """A few DLC steps (Algorithm 1 lines 4-6, 21-22) with the memory trainer as a real Ray group of two ranks
     (FSDP2 over gloo), float32 compute on CPU."""
-    from calibrl.backends.openrlhf.memory_group import MemoryGroup, first
+    from calibrl.gpu.memory_group import MemoryGroup, first
     from calibrl.models import load
 
     engine.set(policy=engine.policy, memory=load(engine.paths["memory"])[0], mu=MU)
@@ -347,7 +347,7 @@ def test_openrlhf_hook_pieces_without_gpus(monkeypatch):
     import types
 
     from calibrl.backends.openrlhf import dlc as openrlhf_dlc
-    from calibrl.backends.openrlhf import patching
+    from calibrl.gpu import patching
 
     seen = {}
     fake_vllm = types.SimpleNamespace(AsyncEngineArgs=lambda *a, **kw: seen.update(kw) or "args")
@@ -552,8 +552,8 @@ def test_memory_loss_packed_in_logit_chunks_equals_the_padded_cross_entropy(tmp_
     restarting, logits made a few rows at a time and recomputed in backward) equals the plain token-mean
     cross-entropy of a Hugging Face model over padded full logits, in value and gradient; in bf16 compute it
     stays close, and its fp32 master weights take AdamW steps that bf16 weights would lose."""
-    from calibrl.backends.openrlhf import memory_actor
-    from calibrl.backends.openrlhf.packing import pack, pad_batch
+    from calibrl.gpu import memory_actor
+    from calibrl.gpu.packing import pack, pad_batch
     from calibrl.models import load
 
     tok = build_tokenizer()
@@ -601,8 +601,8 @@ def test_memory_actor_check_reads_prefixes_one_sequence_at_a_time(tmp_path, monk
     """The logged divergence check of the memory worker: sampling logprobs that are the composite's give ~0,
     of another mu do not; it reads each sequence's first CHECK_TOKENS only (bounded memory at 8k tokens), and
     holds the policy only while it checks."""
-    from calibrl.backends.openrlhf import memory_actor
-    from calibrl.backends.openrlhf.packing import pad_batch
+    from calibrl.gpu import memory_actor
+    from calibrl.gpu.packing import pad_batch
     from calibrl.models import load
 
     tok = build_tokenizer()
@@ -633,7 +633,7 @@ def test_memory_worker_gives_cached_gpu_memory_back_after_each_call(tmp_path, mo
     weight gather and a check, the caching allocator's free blocks go back (torch.cuda.empty_cache), on CUDA
     only. Run on CPU with empty_cache recorded and the worker's CUDA flag set; a CPU worker never calls it. The
     run's max_tokens has no default."""
-    from calibrl.backends.openrlhf import memory_actor
+    from calibrl.gpu import memory_actor
 
     tok = build_tokenizer()
     policy = build_model(tok, hidden_size=64, num_layers=1, num_heads=1, num_kv_heads=1, seed=8)
@@ -672,7 +672,7 @@ def test_composite_settings_fail_closed_without_an_engine():
     refused (it would sample from the policy alone, or sharpen, while the run reports DLC)."""
     from transformers import PretrainedConfig
 
-    from calibrl.backends.openrlhf.vllm_dlc import dlc_settings, engine_kwargs
+    from calibrl.gpu.vllm_dlc import dlc_settings, engine_kwargs
 
     overrides = engine_kwargs("/ckpt/memory", 0.5)["hf_overrides"]
     assert overrides == {"architectures": ["DLCQwen3ForCausalLM"], "dlc_memory_path": "/ckpt/memory", "dlc_mu": 0.5}
@@ -696,7 +696,7 @@ def test_composite_settings_fail_closed_without_an_engine():
 def test_composite_settings_read_from_the_config_vllm_builds(tmp_path):
     """The same through vLLM's own ModelConfig (hf_overrides applied as vLLM applies them; no engine started)."""
     vllm_config = pytest.importorskip("vllm.config")
-    from calibrl.backends.openrlhf.vllm_dlc import dlc_settings, engine_kwargs, register
+    from calibrl.gpu.vllm_dlc import dlc_settings, engine_kwargs, register
 
     register()  # as the package's vllm.general_plugins entry point does in every engine process
     tok = build_tokenizer()

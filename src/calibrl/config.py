@@ -109,14 +109,51 @@ def _schema_file(path: str) -> dict:
     return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
 
 
-def schema(base: dict | str | Path | None = None) -> dict:
+def schema(base: dict | str | Path | None = None, trainer: str | None = None) -> dict:
     """The config schema (``base``: a loaded schema or its file; default the workflow's) with the registries'
-    names as the enums of its ``$defs`` (a formula registered after import is a valid config value at once)."""
+    names as the enums of its ``$defs`` (a formula registered after import is a valid config value at once), and
+    what the backends contribute (:func:`backend_defs`) for ``trainer``."""
     loaded = base if isinstance(base, dict) else _schema_file(str(base or SCHEMA_PATH))
     out = copy.deepcopy(loaded)
     for name, values in registry_enums().items():
         out["$defs"][name] = {**out["$defs"][name], "enum": values}
+    out["$defs"].update(backend_defs(out["$defs"], trainer))
     return out
+
+
+# A backend without GPU layouts reads no resources; it refuses the Hub models they belong to (its problems), which
+# says more than every layout key reported unknown.
+NO_LAYOUT = {"type": "object"}
+
+
+def backend_defs(defs: dict, trainer: str | None) -> dict:
+    """``$defs/layout`` and ``layout_overlay``: the GPU layout of backend ``trainer`` (``Backend.layout``; None: that
+    of the only backend with one, as where no config names a trainer); and ``preflight_check``: the schema's common
+    checks and every backend's own (``Backend.preflight_checks``)."""
+    from calibrl import backends
+
+    layouts = {name: backends.get(name).layout for name in backends.names()}
+    if trainer is None:
+        some = [layout for layout in layouts.values() if layout]
+        layout = some[0] if len(some) == 1 else None
+    else:
+        layout = layouts.get(trainer)
+    own = [c for name in backends.names() for c in backends.get(name).preflight_checks()]
+    checks = defs["preflight_check"]
+    return {
+        "layout": {**defs["layout"], **(layout["layout"] if layout else NO_LAYOUT)},
+        "layout_overlay": {**defs["layout_overlay"], **(layout["overlay"] if layout else NO_LAYOUT)},
+        "preflight_check": {**checks, "enum": list(dict.fromkeys([*checks["enum"], *own]))},
+    }
+
+
+def _trainer(config) -> str | None:
+    """The trainer ``config`` names, if it names a known one (an unknown one is the schema's error to report)."""
+    from calibrl import backends
+
+    grid = config.get("grid") if isinstance(config, dict) else None
+    name = grid.get("trainer") if isinstance(grid, dict) else None
+    return name if name in backends.names() else None
 
 
 # ------------------------------------------------------------------------------------------- defaults
@@ -235,7 +272,7 @@ def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]
 def problems(config: dict, base: dict | str | Path | None = None) -> list[tuple[str, str]]:
     """Every problem of ``config`` (unchanged): the schema's first; if there are none, the keys its backend never
     reads, then the cross-key checks on a copy with the defaults filled in."""
-    root = schema(base)
+    root = schema(base, _trainer(config))
     config = coerce_numbers(copy.deepcopy(config), root, root)
     found: list[tuple[str, str]] = []
     for error in sorted(Validator(root).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
@@ -265,7 +302,7 @@ def validate(config: dict, base: dict | str | Path | None = None, source: str = 
     found = problems(config, base)
     if found:
         raise ConfigError(found, source)
-    root = schema(base)
+    root = schema(base, _trainer(config))
     return fill_defaults(coerce_numbers(config, root, root), root, root)
 
 

@@ -2,26 +2,35 @@
 its folder name is its ``grid.trainer`` value (the config schema's enum is read from :func:`names`).
 
 The workflow asks a backend what a run needs before any job (its input files, its segments, its SLURM request,
-the config keys it refuses, the modules the local job server preloads for it), and its jobs hand it a run's
-``settings.json`` (``calibrl.checkpoints.stamp``: the compiled method, the settings, the input files), the segment's
-end and the job's resources. ``calibrl.backends.jobs`` holds the jobs the rules call. Adding a backend: a folder
-with a ``BACKEND``, and today more (docs/architecture.md, "Adding things"): its models come from rule warmstart or
-rule download_model, and a GPU backend meets parts that are OpenRLHF's and live outside this protocol: the
-preflight's optimizer and DLC-engine checks, the schema's ``$defs/layout`` and the vLLM plugin entry point in
-``pyproject.toml``.
-The cluster planner asks each run's backend what it costs (``train_cost``).
+the config keys it refuses, its layout's schema, the modules the local job server preloads for it), the cluster
+planner what a run costs (``train_cost``) and the preflight what its training nodes must pass beyond the common
+checks (``preflight_checks``) and which vLLM engine its training starts (``rollout_engine``). Its jobs hand it a
+run's ``settings.json`` (``calibrl.checkpoints.stamp``: the compiled method, the settings, the input files), the
+segment's end and the job's resources; ``calibrl.backends.jobs`` holds the jobs the rules call, and
+``calibrl.backends.vllm_plugin`` the vLLM plugin entry point that hands a run's vLLM processes to its backend.
+What GPU backends share (DLC's vLLM model and memory trainer, Ray on SLURM, the reward's grading) is
+``calibrl.gpu``. Adding a backend is a folder with a ``BACKEND`` (docs/architecture.md, "Adding things").
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from functools import cache
 from typing import Protocol
 
 from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
+
+
+class CheckFailed(RuntimeError):
+    """A preflight check that failed: ``cause`` (what was seen) and ``fix`` (what to do)."""
+
+    def __init__(self, cause: str, fix: str):
+        super().__init__(cause)
+        self.cause, self.fix = cause, fix
 
 
 class Backend(Protocol):
@@ -31,6 +40,7 @@ class Backend(Protocol):
     env: str  # the conda environment of its jobs (``--sdm conda``), relative to the workflow's rules
     ignored: dict[str, str]  # dotted keys under grid this backend never reads -> why (set, they are refused)
     preload: tuple[str, ...]  # modules its jobs import, which the local job server imports once (calibrl.jobserver)
+    layout: dict | None  # the JSON schema of grid.models.<name>.resources (its GPU layout); None: it has none
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         """(dotted key, what is wrong) for what this backend cannot run; ``grid`` has its defaults filled in."""
@@ -54,6 +64,10 @@ class Backend(Protocol):
     def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
         """How the run is laid out on its hardware: carried by ``settings.json``, no part of its identity."""
 
+    def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
+        """Rule warmstart's job, where ``model_file`` names a model that a warm start makes (``params``:
+        ``calibrl.grid.warmstart_params``); a backend whose models are downloads raises."""
+
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         """Train the run of ``settings_path`` up to step ``stop_at``, resuming from its last checkpoint; called
         under the run's lock once its folder is claimed for these settings (``calibrl.backends.jobs``)."""
@@ -63,6 +77,14 @@ class Backend(Protocol):
     ) -> dict | None:
         """The vLLM engine a run's training starts (``grid.train``, its compiled method and layout, its model's
         folder and DLC's memory's), as the preflight's ``vllm`` check starts it; None where it starts none."""
+
+    def preflight_checks(self) -> dict[str, Callable[[dict], str]]:
+        """The checks its training nodes need beyond the preflight's common ones (``calibrl.preflight``), by name:
+        each takes the preflight job's params and returns what it saw or raises :class:`CheckFailed`."""
+
+    def vllm_plugin(self, stamp: dict) -> None:
+        """Called in every process vLLM starts for a run of this backend (``stamp``: its settings.json), through
+        ``calibrl.backends.vllm_plugin``: what those processes need installed."""
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         """What one run costs on its GPUs (``calibrl.cost``'s throughput model, assumptions ``a``), for the cluster

@@ -1,4 +1,5 @@
-"""The jobs of rules train, train_metrics and evaluate, for every backend: the run's ``settings.json`` says which."""
+"""The jobs of rules warmstart, train, train_metrics and evaluate, for every backend: the run's ``settings.json`` says
+which (rule warmstart's, which precedes the runs: the grid's ``trainer``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from calibrl.io import write_json
 from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.backends")
+
+
+def warmstart_job(trainer: str, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int = 1) -> None:
+    """Rule warmstart's job: the starting model that backend ``trainer`` makes from supervised data."""
+    backends.get(trainer).warmstart(params, sft_path, model_dir, info_path, threads)
 
 
 def train_job(settings_path: str, stop_at: int, marker: str, threads: int = 1, workers: int = 1) -> None:

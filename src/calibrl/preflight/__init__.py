@@ -3,7 +3,8 @@
 Rule ``preflight`` runs one job per request shape of the grid's GPU jobs (a training layout's nodes x GPUs, the
 evaluator's one node with its engines' GPUs), on the GPU partition, in the jobs' own environment
 (``calibrl.offline``, the GPU venv), and every GPU job of that shape waits for it (workflow/rules/preflight.smk).
-It runs every check of :data:`CHECKS` that the shape's jobs need (``checks``), reports each as pass, fail or
+It runs every check that the shape's jobs need (``checks``: the common ones of :data:`CHECKS` and, for training
+shapes, the backend's own, ``Backend.preflight_checks``), reports each as pass, fail or
 waived with what it saw, and fails the job, naming each cause and fix, if any check not in
 ``grid.preflight.waive`` failed; its output ``preflight/<shape>.json`` is written only when all passed.
 
@@ -21,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-from calibrl import evaluate, offline
+from calibrl import backends, evaluate, offline
 from calibrl import grid as G
 from calibrl import plan as P
 from calibrl.io import write_json
@@ -29,7 +30,8 @@ from calibrl.preflight import checks as C
 
 log = logging.getLogger("calibrl.preflight")
 
-# name: (check, the jobs that need it: "train" for training layouts, "engines" for evaluation and ranking)
+# name: (check, the jobs that need it: "train" for training layouts, "engines" for evaluation and ranking); the
+# schema's $defs/preflight_check lists these, and the config's enum adds every backend's own
 CHECKS = {
     "gpus": (C.gpus, {"train", "engines"}),
     "driver": (C.driver, {"train", "engines"}),
@@ -37,11 +39,20 @@ CHECKS = {
     "models": (C.models, {"train", "engines"}),
     "disk": (C.disk, {"train", "engines"}),
     "lock": (C.lock, {"train"}),
-    "flash_attn": (C.flash_attn, {"train"}),
-    "optimizer": (C.optimizer, {"train"}),
     "vllm": (C.vllm_engine, {"train", "engines"}),
     "ray": (C.ray, {"train"}),
 }
+BACKEND_BEFORE = "vllm"  # a backend's checks (its stack) run before the engines and Ray, which need that stack
+
+
+def all_checks(trainer: str) -> dict:
+    """:data:`CHECKS` with backend ``trainer``'s own training checks, in the order they run."""
+    own = {name: (check, {"train"}) for name, check in backends.get(trainer).preflight_checks().items()}
+    out: dict = {}
+    for name, entry in CHECKS.items():
+        out.update(own if name == BACKEND_BEFORE else {})
+        out[name] = entry
+    return out
 
 
 class PreflightFailed(RuntimeError):
@@ -79,7 +90,8 @@ def params(config: dict, shape: str) -> dict:
         "shape": shape,
         "nodes": int(entry["nodes"]),
         "gpus_per_node": int(entry["gres"].rsplit(":", 1)[1]),
-        "checks": [name for name, (_, jobs) in CHECKS.items() if jobs & entry["jobs"]],
+        "backend": grid["trainer"],
+        "checks": [name for name, (_, jobs) in all_checks(grid["trainer"]).items() if jobs & entry["jobs"]],
         "waive": list(grid["preflight"]["waive"]),
         "models": models,
         "engines": engines(config, shape),
@@ -148,9 +160,9 @@ def _hf_id(config: dict, model: str) -> str:
 
 def run_checks(p: dict) -> list[dict]:
     """Every check of ``p["checks"]``, in order, each with its status, what it saw, the fix and its seconds."""
-    out = []
+    out, known = [], all_checks(p["backend"])
     for name in p["checks"]:
-        check, _ = CHECKS[name]
+        check, _ = known[name]
         start = time.monotonic()
         try:
             row = {"check": name, "status": "pass", "detail": check(p), "fix": ""}

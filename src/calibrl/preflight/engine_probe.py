@@ -61,7 +61,7 @@ def engine_args(spec: dict, sleep: bool) -> dict:
     if spec.get("logprobs_mode"):
         kwargs.update(logprobs_mode=spec["logprobs_mode"], max_logprobs=1)
     if spec.get("dlc"):
-        from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs
+        from calibrl.gpu.vllm_dlc import engine_kwargs
 
         kwargs.update(engine_kwargs(spec["dlc"]["memory"], float(spec["dlc"]["mu"])))
     return kwargs

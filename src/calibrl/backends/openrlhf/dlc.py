@@ -25,8 +25,9 @@ patched module is imported:
 The memory's weights travel like the policy's (OpenRLHF's rule, :func:`_cuda_ipc`): by CUDA IPC when colocated with
 NCCL sync (``WorkerWrap.update_weight_cuda_ipc``,
 the memory's rank on each GPU handing its copy to that GPU's engine), else through a second NCCL group (name
-``MEMORY_GROUP``) that ``DLCWorkerWrap`` keeps beside OpenRLHF's. Not testable on CPU: this path needs GPUs, NCCL
-and DeepSpeed; ``memory_actor``, ``memory_group`` and ``vllm_dlc`` are tested on CPU.
+``MEMORY_GROUP``) that ``DLCWorkerWrap`` keeps beside OpenRLHF's (``memory_sync``). On CPU the rehearsal runs this
+path with gloo in NCCL's place (``cpu_standins``); the shared parts (``calibrl.gpu``: ``memory_actor``,
+``memory_group``, ``vllm_dlc``) are also tested on their own.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ import shutil
 from pathlib import Path
 from types import ModuleType
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
 from calibrl.backends.openrlhf.resume import ACTOR, MEMORY
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.dlc")
 
@@ -160,7 +161,7 @@ def install_driver() -> None:
 
 # -------------------------------------------------------------------------------------------- engines
 def patch_engines(module: ModuleType, memory_path: str, mu: float) -> None:
-    from calibrl.backends.openrlhf.vllm_dlc import engine_kwargs
+    from calibrl.gpu.vllm_dlc import engine_kwargs
 
     ENGINE_ARGS.resolve(module)
     owner, attr, base = VLLM_ENGINE_ARGS.resolve(module.vllm)
@@ -303,7 +304,8 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float, place: di
     import ray
     from ray.util.placement_group import placement_group
 
-    from calibrl.backends.openrlhf.memory_group import COLOCATED_SHARE, MemoryGroup, first
+    from calibrl.backends.openrlhf.memory_sync import MemoryWorker
+    from calibrl.gpu.memory_group import COLOCATED_SHARE, MemoryGroup, first
 
     if place["colocated"]:  # a rank in every bundle of the shared group, beside each GPU's engine
         pg = getattr(self.actor_model_group, "_calibrl_pg", None)
@@ -314,7 +316,7 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float, place: di
         ranks, share = place["gpus"], 1.0
         pg = placement_group([{"GPU": 1, "CPU": 1}] * ranks, strategy="PACK")
         ray.get(pg.ready())
-    memory = MemoryGroup(memory_path, lr, ranks, pg, share, max_tokens=place["max_tokens"],
+    memory = MemoryGroup(memory_path, lr, ranks, pg, share, worker=MemoryWorker, max_tokens=place["max_tokens"],
                          weight_decay=place["weight_decay"], decay_scope=place["decay_scope"])  # fmt: skip
     self._calibrl_memory = memory
     if global_step:
@@ -326,12 +328,12 @@ def _start_memory(self, global_step: int, memory_path: str, lr: float, place: di
             )
         log.info("DLC memory resumed from %s (%d memory steps)", state, first(memory.load(str(state))))
     if not _cuda_ipc(self):
-        ray.get(memory.init_broadcast(self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
+        ray.get(memory.each("init_broadcast", self.vllm_engines, self.args.vllm.tensor_parallel_size, MEMORY_GROUP))
     if self.args.vllm.enable_sleep:  # engines start asleep (create_vllm_engines); weights must be resident
         from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 
         batch_vllm_engine_call(self.vllm_engines, "wake_up", tags=["weights"])
-    ray.get(memory.broadcast(self.vllm_engines, _cuda_ipc(self)))
+    ray.get(memory.each("broadcast", self.vllm_engines, _cuda_ipc(self)))
 
 
 def _cuda_ipc(self) -> bool:
@@ -383,14 +385,14 @@ def checked(stats: dict, step: int) -> dict:
 def _memory_finish(self, pending: dict, new_step: int, colocated: bool) -> dict:
     import ray
 
-    from calibrl.backends.openrlhf.memory_group import first
+    from calibrl.gpu.memory_group import first
 
     memory = self._calibrl_memory
     out = {"dlc/memory_samples": float(pending["samples"])}
     if pending["check"] is not None:
         out.update(checked(first(pending["check"]), new_step))
     out["dlc/memory_loss"] = first(pending["step"])
-    ray.get(memory.broadcast(self.vllm_engines, _cuda_ipc(self)))
+    ray.get(memory.each("broadcast", self.vllm_engines, _cuda_ipc(self)))
     if new_step % self.args.ckpt.save_steps == 0:  # before the policy's save of the same step (fit's order)
         ray.get(memory.save(str(_memory_dir(self, new_step))))
         _prune_memory(self, new_step)

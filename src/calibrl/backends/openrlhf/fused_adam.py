@@ -11,7 +11,7 @@ builders of every accelerator share that one dict: ``load`` reads ``__class__._l
 :data:`OP` there, and its ``multi_tensor_adam`` does what csrc/adam/multi_tensor_adam.cu does.
 
 Like every patch this module imports only the standard library. It runs first thing in every Ray worker
-(:mod:`calibrl.backends.openrlhf.patching`).
+(:mod:`calibrl.gpu.patching`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import types
 from importlib.metadata import PackageNotFoundError, version
 
-from calibrl.backends.openrlhf.patching import PatchTargetMissing, Target, when_imported
+from calibrl.gpu.patching import PatchTargetMissing, Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.fused_adam")
 

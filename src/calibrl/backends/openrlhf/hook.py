@@ -35,7 +35,7 @@ from calibrl.backends.openrlhf import (
     rehearsal_faults,
     steps,
 )
-from calibrl.backends.openrlhf.patching import Target
+from calibrl.gpu.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
 

@@ -43,7 +43,7 @@ import logging
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.iac")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from calibrl import offline
 from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.launch")

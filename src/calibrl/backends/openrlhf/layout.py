@@ -12,14 +12,21 @@ Two shapes (OpenRLHF 0.11.2, ``cli/train_ppo_ray.py`` L39-105):
 
 DLC's memory network is a group of ranks (``memory_group``): colocated, one in each bundle of the shared
 placement group (a share of every GPU, no GPU more); split, ``memory_gpus`` GPUs in a group of its own. A model's
-DLC runs take the layout with the keys of ``resources.dlc`` laid over it. The defaults are the config schema's
-(``grid.models.<m>.resources``); ``vllm_engines`` and ``actor_gpus_per_node``, unset, follow from the layout's kind
+DLC runs take the layout with the keys of ``resources.dlc`` laid over it. Its keys and defaults are
+``layout.schema.yaml`` beside this file (:data:`SCHEMA`, the config schema's ``$defs/layout`` for this backend);
+``vllm_engines`` and ``actor_gpus_per_node``, unset, follow from the layout's kind
 (:func:`roles`), as their schema descriptions say.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from calibrl.spec import MethodSpec
+
+SCHEMA = yaml.safe_load(Path(__file__).with_name("layout.schema.yaml").read_text(encoding="utf-8"))
 
 
 def effective(resources: dict, dlc: bool) -> dict:

@@ -23,7 +23,7 @@ import logging
 import sys
 from types import ModuleType
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.loss_norm")
 

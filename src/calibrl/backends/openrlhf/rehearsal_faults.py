@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.rehearsal_faults")
 

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from types import ModuleType
 
-from calibrl.backends.openrlhf.patching import Target, when_imported
+from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.steps")
 

@@ -15,9 +15,9 @@ How it keeps up with the policy (``docs/cluster.md``, "DLC"):
   with gradient checkpointing and the LM head's logits made ``LOGIT_CHUNK`` rows at a time.
 
 The divergence check (``check``) loads the rollout policy only while it runs, on rank 0, and frees it.
-Weights leave through ``full_weights`` (every rank joins; rank 0 gets the full tensors), by CUDA IPC to
-colocated engines or an NCCL group to separate ones (``memory_group``). ``MemoryWorker`` is plain Python: the
-tests run it in-process and as Ray actors on CPU (gloo).
+Weights leave through ``full_weights`` (every rank joins; rank 0 gets the full tensors); how they reach a
+trainer's rollout engines is its backend's (OpenRLHF: ``calibrl.backends.openrlhf.memory_sync``, a subclass).
+``MemoryWorker`` is plain Python: the tests run it in-process and as Ray actors on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from calibrl.algo.dlc import memory_loss
-from calibrl.backends.openrlhf.packing import pack, pad_batch
+from calibrl.gpu.packing import pack, pad_batch
 from calibrl.optim import decay_groups
 
 log = logging.getLogger("calibrl.memory_actor")
@@ -84,66 +84,7 @@ def _head_loss(head, h, y):
     return memory_loss(head(h).float(), y, reduction="sum")
 
 
-class EngineSync:
-    """The memory's weights into the composite engines (GPUs only; ``memory.*`` names, ``vllm_dlc``'s
-    ``load_weights``). Colocated (a memory rank on every engine GPU) by CUDA IPC, as OpenRLHF's actor syncs the
-    policy (``PolicyModelActor.broadcast_to_vllm``, ``WorkerWrap.update_weight_cuda_ipc``); otherwise rank 0
-    broadcasts over an NCCL group of its own with every vLLM worker (``DLCWorkerWrap`` keeps it apart from the
-    policy's)."""
-
-    def init_broadcast(self, engines: list, tensor_parallel_size: int, group_name: str) -> None:
-        import ray
-        from openrlhf.utils.distributed_util import stateless_init_process_group
-
-        if self.rank:
-            return
-        address, port = ray.util.get_node_ip_address(), free_port()
-        world = len(engines) * tensor_parallel_size + 1
-        refs = [
-            e.init_process_group.remote(address, port, i * tensor_parallel_size + 1, world, group_name, "nccl", False)
-            for i, e in enumerate(engines)
-        ]
-        self._group = stateless_init_process_group(address, port, 0, world, torch.cuda.current_device())
-        ray.get(refs)
-
-    def broadcast(self, engines: list, ipc: bool) -> None:
-        """Every weight to every engine in bf16 (the engines' dtype), one parameter at a time; collective."""
-        import ray
-        from torch.distributed.tensor import DTensor
-
-        params = list(self.model.named_parameters())
-        for count, (name, param) in enumerate(params, 1):
-            full = param.full_tensor() if isinstance(param, DTensor) else param.data  # all ranks gather
-            data = full.to(torch.bfloat16)
-            name, last = f"memory.{name[len('lm.') :]}", count == len(params)
-            if ipc:
-                from openrlhf.trainer.ray.utils import get_physical_gpu_id
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                handles = [None] * self.world
-                dist.all_gather_object(handles, {get_physical_gpu_id(): reduce_tensor(data)})
-                if self.rank == 0:
-                    merged = {k: v for h in handles for k, v in h.items()}
-                    ray.get([
-                        e.update_weight_cuda_ipc.remote(
-                            name, dtype=data.dtype, shape=data.shape, ipc_handles=merged, empty_cache=last
-                        )
-                        for e in engines
-                    ])  # fmt: skip
-                dist.barrier()
-                torch.cuda.synchronize()
-            elif self.rank == 0:
-                refs = [
-                    e.update_weight.remote(name, dtype=data.dtype, shape=data.shape, empty_cache=last) for e in engines
-                ]
-                self._group.broadcast(data, src=0, stream=torch.cuda.current_stream())
-                ray.get(refs)
-        if self.rank == 0:
-            ray.get([e.reset_prefix_cache.remote() for e in engines])
-        self._release()
-
-
-class MemoryWorker(EngineSync):
+class MemoryWorker:
     """One rank of m_phi's trainer; ``step`` is Algorithm 1 line 22. Every public method but ``init_broadcast``
     is collective: all ranks call it, in the same order."""
 
@@ -282,7 +223,7 @@ class MemoryWorker(EngineSync):
         check: the 8B policy is not held beside the memory between checks. Collective (the memory's gather)."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from calibrl.backends.openrlhf.vllm_dlc import composite_logprobs, divergence
+        from calibrl.gpu.vllm_dlc import composite_logprobs, divergence
 
         weights = self.full_weights()
         if self.rank:

@@ -1,10 +1,11 @@
-"""DLC's memory trainer as a group of Ray actors, one ``memory_actor.MemoryWorker`` rank per GPU.
+"""DLC's memory trainer as a group of Ray actors, one ``memory_actor.MemoryWorker`` rank per GPU (or a backend's
+subclass of it, which adds how the weights reach its engines: ``each`` calls its methods on every rank).
 
 Where the ranks go is the layout's choice (``layout``, ``docs/cluster.md`` "DLC"):
 
-* colocated (``colocate_all``, config/paper.yaml): one rank in each bundle of OpenRLHF's shared placement group,
-  beside the actor, reference and vLLM worker of that GPU (each takes 0.2 of it; the memory takes
-  ``COLOCATED_SHARE``). The memory's step follows the policy's: both are compute-bound on the same GPUs.
+* colocated (``colocate_all``, config/paper.yaml): one rank in each bundle of the trainer's shared placement group,
+  beside the roles of that GPU (the memory takes ``COLOCATED_SHARE``: OpenRLHF's actor, reference and vLLM
+  worker take 0.2 each). The memory's step follows the policy's: both are compute-bound on the same GPUs.
 * split: ``memory_gpus`` GPUs of its own in a placement group of its own; the memory's step starts with the
   policy's (the same rollout) and runs beside it.
 
@@ -16,16 +17,18 @@ from __future__ import annotations
 
 import torch
 
-from calibrl.backends.openrlhf.memory_actor import MemoryWorker
-from calibrl.backends.openrlhf.packing import split
+from calibrl.gpu.memory_actor import MemoryWorker
+from calibrl.gpu.packing import split
 
-COLOCATED_SHARE = 0.2  # of a GPU and a CPU per bundle: OpenRLHF's roles take 0.2 each (cli/train_ppo_ray.py)
+COLOCATED_SHARE = 0.2  # of a GPU and a CPU per bundle: as each of OpenRLHF's roles (cli/train_ppo_ray.py)
 
 
 class MemoryGroup:
-    def __init__(self, path: str, lr: float, ranks: int, placement=None, share: float = 1.0, **worker):
-        """``ranks`` workers; ``placement``: a Ray placement group with a bundle per rank (or None: anywhere);
-        ``share``: the GPU (and CPU) fraction each rank asks for where Ray has GPUs."""
+    def __init__(self, path: str, lr: float, ranks: int, placement=None, share: float = 1.0, *,
+                 worker: type = MemoryWorker, **kwargs):  # fmt: skip
+        """``ranks`` workers of class ``worker`` (``kwargs``: its own); ``placement``: a Ray placement group with a
+        bundle per rank (or None: anywhere); ``share``: the GPU (and CPU) fraction each rank asks for where Ray has
+        GPUs."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -39,12 +42,13 @@ class MemoryGroup:
                 )
             return opts
 
-        remote = ray.remote(MemoryWorker)
-        self.workers = [remote.options(**options(r)).remote(path, lr, start=False, **worker) for r in range(ranks)]
+        remote = ray.remote(worker)
+        self.workers = [remote.options(**options(r)).remote(path, lr, start=False, **kwargs) for r in range(ranks)]
         address, port = ray.get(self.workers[0].address.remote())
         ray.get([w.start.remote(r, ranks, address, port) for r, w in enumerate(self.workers)])
 
-    def _all(self, method: str, *args, **kwargs) -> list:
+    def each(self, method: str, *args, **kwargs) -> list:
+        """Refs of ``method`` called on every rank (collective)."""
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 
     def step(self, sequences: list[torch.Tensor], learn: list[torch.Tensor]) -> list:
@@ -58,22 +62,16 @@ class MemoryGroup:
 
     def check(self, policy_path: str, mu: float, sequences, learn, sample_logprobs) -> list:
         """Refs of the divergence check; rank 0's holds the statistics."""
-        return self._all("check", policy_path, mu, sequences, learn, sample_logprobs)
+        return self.each("check", policy_path, mu, sequences, learn, sample_logprobs)
 
     def full_weights(self) -> list:
-        return self._all("full_weights")
+        return self.each("full_weights")
 
     def save(self, directory: str) -> list:
-        return self._all("save", directory)
+        return self.each("save", directory)
 
     def load(self, directory: str) -> list:
-        return self._all("load", directory)
-
-    def init_broadcast(self, engines: list, tensor_parallel_size: int, group_name: str) -> list:
-        return self._all("init_broadcast", engines, tensor_parallel_size, group_name)
-
-    def broadcast(self, engines: list, ipc: bool) -> list:
-        return self._all("broadcast", engines, ipc)
+        return self.each("load", directory)
 
     def kill(self) -> None:
         import ray

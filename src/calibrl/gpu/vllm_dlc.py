@@ -95,7 +95,7 @@ def dlc_settings(config) -> tuple[str, float]:
     """``(memory_path, mu)`` of the composite, read from the engine's Hugging Face config, where vLLM puts the
     ``hf_overrides`` of :func:`engine_kwargs`. Fails closed: a missing key is an error naming it, never a default
     (a missing ``dlc_mu`` read as 0 would sample from the policy alone while the run reports DLC)."""
-    source = "set by hf_overrides from calibrl.backends.openrlhf.vllm_dlc.engine_kwargs(memory_path, mu)"
+    source = "set by hf_overrides from calibrl.gpu.vllm_dlc.engine_kwargs(memory_path, mu)"
     values = {}
     for key in ("dlc_memory_path", "dlc_mu"):
         value = getattr(config, key, _MISSING)

@@ -1,0 +1,23 @@
+"""The package's ``vllm.general_plugins`` entry point for the backends (pyproject.toml): vLLM calls :func:`plugin` in
+every process it starts. In a run's processes (their inherited ``CALIBRL_SETTINGS`` names the run's settings.json,
+as a backend's launcher sets it) it hands them to the run's backend (``Backend.vllm_plugin``); elsewhere, as in the
+evaluator's engines, it does nothing. DLC's composite model registers through an entry point of its own
+(``calibrl.gpu.vllm_dlc``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from calibrl import backends
+
+SETTINGS_ENV = "CALIBRL_SETTINGS"
+
+
+def plugin() -> None:
+    path = os.environ.get(SETTINGS_ENV)
+    if not path:
+        return
+    stamp = json.loads(Path(path).read_text())
+    backends.get(stamp["settings"]["backend"]).vllm_plugin(stamp)
