@@ -17,6 +17,7 @@ from calibrl import backends
 
 # (file, key) -> why the read is not of the config, though the key shares a name with a config key
 NOT_CONFIG = {
+    ("src/calibrl/analysis_plan.py", "seeds"): "config/plan.yaml's, which has no schema (the plan module's defaults)",
     ("src/calibrl/backends/openrlhf/cpu_standins.py", "resources"): "settings.json: None for CPU backends' runs",
     ("src/calibrl/report/mlflow_view.py", "iac_alpha"): "an MLflow tag, empty for the base model (it has no method)",
     ("src/calibrl/report/mlflow_view.py", "dlc_mu"): "an MLflow tag, empty for the base model (it has no method)",

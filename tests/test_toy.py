@@ -7,22 +7,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrl.toy.figures import collapse_stats, figure_settings
-from calibrl.toy.sim import ToySetting, run
+from calibrl.config import filled
+from calibrl.toy.figures import collapse_stats, figure_settings, toy_setting
+from calibrl.toy.sim import run
 
 SMALL = dict(steps=30, seeds=8, record_every=10)
+TOY = filled("toy", {})  # the schema's defaults, as calibrl toy runs them
+
+
+def toy(**overrides):
+    return toy_setting(TOY, **overrides)
 
 
 def test_deterministic_for_a_seed_and_different_across_seeds():
-    s = ToySetting(estimator="raw", group_size=4, **SMALL)
+    s = toy(estimator="raw", group_size=4, **SMALL)
     a, b = run(s), run(s)
     pd.testing.assert_frame_equal(a, b)
-    c = run(ToySetting(estimator="raw", group_size=4, seed=1, **SMALL))
+    c = run(toy(estimator="raw", group_size=4, seed=1, **SMALL))
     assert not a.equals(c)
 
 
 def test_rows_and_probabilities():
-    frame = run(ToySetting(estimator="norm", group_size=8, siamese="mid", **SMALL))
+    frame = run(toy(estimator="norm", group_size=8, siamese="mid", **SMALL))
     assert list(frame.columns) == [
         "seed",
         "step",
@@ -40,13 +46,13 @@ def test_rows_and_probabilities():
 
 
 def test_training_moves_mass_to_the_rewarded_labels():
-    frame = run(ToySetting(estimator="raw", group_size=8, steps=100, seeds=16, record_every=50))
+    frame = run(toy(estimator="raw", group_size=8, steps=100, seeds=16, record_every=50))
     end = frame[frame.step == 100]
     assert (end.p_cat + end.p_persian).mean() > 0.9
 
 
 def test_warm_init_matches_its_targets():
-    frame = run(ToySetting(init="warm", siamese="high", **SMALL))
+    frame = run(toy(init="warm", siamese="high", **SMALL))
     start = frame[frame.step == 0].iloc[0]
     assert start.p_cat == pytest.approx(0.4) and start.p_persian == pytest.approx(0.4)
     assert start.p_siamese_heldout == pytest.approx(0.4)
@@ -56,16 +62,16 @@ def test_iac_with_raw_rewards_freezes_all_correct_groups():
     # raw rewards + IAC: an all-correct group has factor (G - G)^alpha = 0, so once the policy only
     # samples correct labels nothing moves; without IAC the all-correct groups keep sharpening.
     steps = dict(steps=400, seeds=64, record_every=400)
-    base = collapse_stats(run(ToySetting(estimator="raw", group_size=4, **steps)), 400)
-    calib = collapse_stats(run(ToySetting(estimator="raw", group_size=4, iac_alpha=1.0, **steps)), 400)
+    base = collapse_stats(run(toy(estimator="raw", group_size=4, **steps)), 400)
+    calib = collapse_stats(run(toy(estimator="raw", group_size=4, iac_alpha=1.0, **steps)), 400)
     assert calib["dominance_end"] < base["dominance_end"]
 
 
 def test_settings_reject_bad_values():
     with pytest.raises(ValueError, match="optimizer"):
-        ToySetting(optimizer="rmsprop")
+        toy(optimizer="rmsprop")
     with pytest.raises(ValueError, match="siamese"):
-        ToySetting(siamese="very-high")
+        toy(siamese="very-high")
 
 
 def test_figure_grids_have_the_paper_factors():
@@ -339,7 +345,7 @@ def test_settings_simulated_together_are_the_same_as_alone():
 
     from calibrl.toy.sim import simulate
 
-    base = ToySetting(group_size=4, steps=40, seeds=8, record_every=20)
+    base = toy(group_size=4, steps=40, seeds=8, record_every=20)
     settings = [
         replace(base, estimator="norm", optimizer="adamw", lr=0.05, siamese="low"),
         replace(base, estimator="raw", optimizer="momentum", lr=0.2, iac_alpha=1.0, dlc_mu=0.5),
@@ -379,7 +385,7 @@ def test_written_out_optimizers_match_torch_optim(optimizer):
 
     from calibrl.toy.sim import _Optimizer
 
-    setting = ToySetting(optimizer=optimizer, lr=0.3, seeds=3)
+    setting = toy(optimizer=optimizer, lr=0.3, seeds=3)
     gen = torch.Generator().manual_seed(1)
     ours = torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
     ref = ours.clone().requires_grad_(True)

@@ -7,31 +7,29 @@ import logging
 import re
 import sys
 
-DEFAULT_LR = {"sgd": 0.5, "momentum": 0.5, "adamw": 0.05}  # the toy defaults of config/config.yaml
+
+def _toy_defaults() -> dict:
+    """The config schema's ``toy`` section with its defaults: what ``calibrl toy`` runs unless told otherwise."""
+    from calibrl.config import filled
+
+    return filled("toy", {})
+
+
+# calibrl toy's options that set a ToySetting field (the others: --out)
+TOY_FIELDS = ("estimator", "group_size", "optimizer", "lr", "steps", "seeds", "seed", "init", "iac_alpha", "dlc_mu",
+              "memory_lr", "siamese", "record_every")  # fmt: skip
 
 
 def _toy(args: argparse.Namespace) -> int:
     from calibrl.algo.advantages import ESTIMATORS
     from calibrl.io import write_csv
-    from calibrl.toy.sim import ToySetting, run
+    from calibrl.toy.figures import toy_setting
+    from calibrl.toy.sim import run
 
-    if args.estimator not in ESTIMATORS:
+    if args.estimator is not None and args.estimator not in ESTIMATORS:
         raise SystemExit(f"calibrl toy: --estimator must be one of {ESTIMATORS.names()}")
-    setting = ToySetting(
-        estimator=args.estimator,
-        group_size=args.group_size,
-        optimizer=args.optimizer,
-        lr=args.lr if args.lr is not None else DEFAULT_LR[args.optimizer],
-        steps=args.steps,
-        seeds=args.seeds,
-        seed=args.seed,
-        init=args.init,
-        iac_alpha=args.iac_alpha,
-        dlc_mu=args.dlc_mu,
-        memory_lr=args.memory_lr,
-        siamese=args.siamese,
-        record_every=args.record_every,
-    )
+    given = {k: v for k, v in vars(args).items() if k in TOY_FIELDS and v is not None}
+    setting = toy_setting(_toy_defaults(), **given)
     frame = run(setting)
     write_csv(args.out, frame)
     last = frame[frame["step"] == frame["step"].max()]
@@ -175,40 +173,25 @@ def build_parser() -> argparse.ArgumentParser:
         "probabilities p_cat, p_dog, p_persian, p_siamese of the Persian query (and p_siamese_heldout "
         "when --siamese is given).",
     )
-    toy.add_argument(
-        "--estimator",
-        default="raw",
-        help="advantage estimator: raw, mean, norm (GRPO), rloo, rpp (Reinforce++ with "
-        "baseline), drgrpo (default: raw)",
-    )
-    toy.add_argument("--group-size", "-G", type=int, default=8, help="responses sampled per step, G (default: 8)")
-    toy.add_argument(
-        "--optimizer",
-        choices=("sgd", "momentum", "adamw"),
-        default="sgd",
-        help="optimizer (default: sgd; momentum is SGD with momentum 0.9)",
-    )
-    toy.add_argument("--lr", type=float, default=None, help=f"learning rate (default per optimizer: {DEFAULT_LR})")
-    toy.add_argument("--steps", type=int, default=500, help="training steps (default: 500, as the paper)")
-    toy.add_argument("--seeds", type=int, default=256, help="independent seeds, simulated at once (default: 256)")
-    toy.add_argument("--seed", type=int, default=0, help="random seed of the whole run (default: 0)")
-    toy.add_argument(
-        "--init",
-        choices=("zero", "random", "warm"),
-        default="zero",
-        help="initial weights: zero (uniform policy), random (N(0, 0.01)), warm (both correct "
-        "labels at 0.4) (default: zero)",
-    )
-    toy.add_argument("--iac-alpha", type=float, default=0.0, help="IAC strength alpha, 0 = off (default: 0)")
-    toy.add_argument("--dlc-mu", type=float, default=0.0, help="DLC memory weight mu, 0 = off (default: 0)")
-    toy.add_argument("--memory-lr", type=float, default=0.5, help="SGD learning rate of the DLC memory (default: 0.5)")
-    toy.add_argument(
-        "--siamese",
-        choices=("high", "mid", "low"),
-        default=None,
-        help="also track the held-out Siamese query at this similarity (Figure 2)",
-    )
-    toy.add_argument("--record-every", type=int, default=5, help="record every N steps (default: 5)")
+    d = _toy_defaults()  # the schema's; G, the optimizer, IAC, DLC and the held-out query: the plain configuration
+    toy.add_argument("--estimator", help="advantage estimator: raw, mean, norm (GRPO), rloo, rpp (Reinforce++ "
+                     f"with baseline), drgrpo (default: {d['estimator']})")  # fmt: skip
+    toy.add_argument("--group-size", "-G", type=int, help="responses sampled per step, G (default: 8)")
+    toy.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"),
+                     help=f"optimizer (default: sgd; momentum is SGD with momentum {d['momentum']})")  # fmt: skip
+    toy.add_argument("--lr", type=float, help=f"learning rate (default per optimizer: {d['lr']})")
+    toy.add_argument("--steps", type=int, help=f"training steps (default: {d['steps']}; the paper's are 500)")
+    toy.add_argument("--seeds", type=int, help=f"independent seeds, simulated at once (default: {d['seeds']})")
+    toy.add_argument("--seed", type=int, help=f"random seed of the whole run (default: {d['seed']})")
+    toy.add_argument("--init", choices=("zero", "random", "warm"),
+                     help="initial weights: zero (uniform policy), random (N(0, 0.01)), warm (both correct labels "
+                     f"at 0.4) (default: {d['init']})")  # fmt: skip
+    toy.add_argument("--iac-alpha", type=float, help="IAC strength alpha, 0 = off (default: 0)")
+    toy.add_argument("--dlc-mu", type=float, help="DLC memory weight mu, 0 = off (default: 0)")
+    toy.add_argument("--memory-lr", type=float, help=f"SGD learning rate of the DLC memory (default: {d['memory_lr']})")
+    toy.add_argument("--siamese", choices=("high", "mid", "low"),
+                     help="also track the held-out Siamese query at this similarity (Figure 2)")  # fmt: skip
+    toy.add_argument("--record-every", type=int, help=f"record every N steps (default: {d['record_every']})")
     toy.add_argument("--out", required=True, help="output CSV file (.csv or .csv.gz)")
     toy.set_defaults(func=_toy)
 

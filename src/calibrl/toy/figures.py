@@ -35,12 +35,11 @@ def lr_scales(cfg: dict) -> list[float]:
     return [float(x) for x in cfg["lr_scales"]]
 
 
-def _setting(cfg: dict, **overrides) -> ToySetting:
-    optimizer = overrides.get("optimizer", "sgd")
+def toy_setting(cfg: dict, **overrides) -> ToySetting:
+    """The configuration the ``toy`` section ``cfg`` (defaults filled in) describes, with ``overrides``; its
+    learning rate is its optimizer's (SGD unless overridden) unless ``lr`` is among them."""
     base = dict(
         estimator=cfg["estimator"],
-        optimizer=optimizer,
-        lr=cfg["lr"][optimizer],
         steps=cfg["steps"],
         seeds=cfg["seeds"],
         seed=cfg["seed"],
@@ -51,6 +50,10 @@ def _setting(cfg: dict, **overrides) -> ToySetting:
         record_every=cfg["record_every"],
     )
     base.update(overrides)
+    optimizer = base.get("optimizer", ToySetting.optimizer)
+    if optimizer not in cfg["lr"]:
+        raise ValueError(f"optimizer must be one of {tuple(cfg['lr'])}, got {optimizer!r}")
+    base.setdefault("lr", cfg["lr"][optimizer])
     return ToySetting(**base)
 
 
@@ -66,23 +69,23 @@ def _base_settings(figure: str, cfg: dict) -> Iterator[tuple[dict, ToySetting]]:
     sizes = cfg["group_sizes"]
     if figure == "fig1":
         for est, g in itertools.product(("raw", "mean", "norm"), sizes):
-            yield {"estimator": est, "group_size": g}, _setting(cfg, estimator=est, group_size=g)
+            yield {"estimator": est, "group_size": g}, toy_setting(cfg, estimator=est, group_size=g)
     elif figure == "fig2":
         for sim, g in itertools.product(("high", "mid", "low"), sizes):
-            yield {"siamese": sim, "group_size": g}, _setting(cfg, siamese=sim, group_size=g)
+            yield {"siamese": sim, "group_size": g}, toy_setting(cfg, siamese=sim, group_size=g)
     elif figure == "fig3":
         for est, g in itertools.product(("raw", "rloo", "rpp"), sizes):
-            yield {"estimator": est, "group_size": g}, _setting(cfg, estimator=est, group_size=g)
+            yield {"estimator": est, "group_size": g}, toy_setting(cfg, estimator=est, group_size=g)
     elif figure == "fig4":
         for opt, g in itertools.product(("sgd", "momentum", "adamw"), sizes):
-            yield {"optimizer": opt, "group_size": g}, _setting(cfg, optimizer=opt, group_size=g)
+            yield {"optimizer": opt, "group_size": g}, toy_setting(cfg, optimizer=opt, group_size=g)
     elif figure == "fig5":
         for est, opt, variant, g in itertools.product(cfg["fig5_estimators"], cfg["fig5_optimizers"], VARIANTS, sizes):
             use_iac, use_dlc = VARIANTS[variant]
             factors = {"estimator": est, "optimizer": opt, "variant": variant, "group_size": g}
             yield (
                 factors,
-                _setting(
+                toy_setting(
                     cfg,
                     estimator=est,
                     optimizer=opt,

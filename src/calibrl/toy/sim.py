@@ -47,25 +47,25 @@ INITS = ("zero", "random", "warm")
 
 @dataclass(frozen=True)
 class ToySetting:
-    """One configuration of the toy. The defaults are those of ``calibrl toy`` by hand (its ``--help``; no IAC, no
-    DLC, no held-out query); the workflow sets every field from the config's ``toy`` section
-    (``calibrl.toy.figures``)."""
+    """One configuration of the toy. Every value the config's ``toy`` section holds is given (``calibrl.toy.figures.
+    toy_setting``: the section, with the schema's defaults, and a figure's or ``calibrl toy``'s overrides); the rest
+    default to the plain configuration: G = 8, SGD, no IAC, no DLC, no held-out query."""
 
-    estimator: str = "raw"
+    estimator: str
+    lr: float
+    steps: int
+    seeds: int
+    seed: int
+    init: str
+    memory_lr: float
+    momentum: float
+    weight_decay: float
+    record_every: int
     group_size: int = 8
     optimizer: str = "sgd"
-    lr: float = 0.5
-    steps: int = 500
-    seeds: int = 256
-    seed: int = 0
-    init: str = "zero"
     iac_alpha: float = 0.0
     dlc_mu: float = 0.0
-    memory_lr: float = 0.5
-    momentum: float = 0.9
-    weight_decay: float = 0.01
     siamese: str | None = None
-    record_every: int = 5
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
