@@ -94,3 +94,10 @@ def test_every_import_by_name_resolves_and_keeps_the_backends_apart():
             if target.startswith(f"calibrl.backends.{name}.") and not where.startswith(own):
                 stray.append((where, target))
     assert not stray, sorted(stray)
+
+
+def test_the_vllm_plugins_the_code_checks_for_are_pyprojects():
+    """calibrl.plugins.check compares the installed entry points with VLLM_PLUGINS: they must be pyproject's."""
+    from calibrl import plugins
+
+    assert PYPROJECT["project"]["entry-points"]["vllm.general_plugins"] == plugins.VLLM_PLUGINS

@@ -380,3 +380,16 @@ def test_the_paper_dag_runs_each_shapes_preflight_before_its_gpu_jobs(tmp_path):
         block = next(b for b in text.split("\n\n") if job in b and "output:" in b)
         assert f"{r}/preflight/{shape}.json" in block, block
     assert yaml.safe_load((root / "slurm" / "config.yaml").read_text())["set-resources"]["preflight"]["runtime"] <= 60
+
+
+def test_an_install_older_than_the_vllm_plugins_is_named(monkeypatch):
+    """An environment installed before the entry points moved (an editable install keeps its old ones) would fail
+    every vLLM engine inside vLLM; the vllm check names the stale entry point and the reinstall first."""
+    from calibrl import plugins
+
+    old = {"calibrl_dlc": "calibrl.backends.openrlhf.vllm_dlc:register"}
+    monkeypatch.setattr(plugins, "installed", lambda: old)
+    err = failed(C.vllm_engine, {"engines": []})
+    assert "calibrl.backends.openrlhf.vllm_dlc:register" in err.cause and "cluster_env.sh build" in err.fix
+    monkeypatch.setattr(plugins, "installed", lambda: dict(plugins.VLLM_PLUGINS))
+    assert C.vllm_engine({"engines": []}) == ""

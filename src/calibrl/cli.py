@@ -173,25 +173,25 @@ def build_parser() -> argparse.ArgumentParser:
         "probabilities p_cat, p_dog, p_persian, p_siamese of the Persian query (and p_siamese_heldout "
         "when --siamese is given).",
     )
-    d = _toy_defaults()  # the schema's; G, the optimizer, IAC, DLC and the held-out query: the plain configuration
+    d = "the config schema's toy."  # its defaults, read when the toy runs (G, optimizer, IAC, DLC: the plain ones)
     toy.add_argument("--estimator", help="advantage estimator: raw, mean, norm (GRPO), rloo, rpp (Reinforce++ "
-                     f"with baseline), drgrpo (default: {d['estimator']})")  # fmt: skip
+                     f"with baseline), drgrpo (default: {d}estimator)")  # fmt: skip
     toy.add_argument("--group-size", "-G", type=int, help="responses sampled per step, G (default: 8)")
     toy.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"),
-                     help=f"optimizer (default: sgd; momentum is SGD with momentum {d['momentum']})")  # fmt: skip
-    toy.add_argument("--lr", type=float, help=f"learning rate (default per optimizer: {d['lr']})")
-    toy.add_argument("--steps", type=int, help=f"training steps (default: {d['steps']}; the paper's are 500)")
-    toy.add_argument("--seeds", type=int, help=f"independent seeds, simulated at once (default: {d['seeds']})")
-    toy.add_argument("--seed", type=int, help=f"random seed of the whole run (default: {d['seed']})")
+                     help=f"optimizer (default: sgd; momentum is SGD with momentum {d}momentum)")  # fmt: skip
+    toy.add_argument("--lr", type=float, help=f"learning rate (default per optimizer: {d}lr)")
+    toy.add_argument("--steps", type=int, help=f"training steps (default: {d}steps; the paper's are 500)")
+    toy.add_argument("--seeds", type=int, help=f"independent seeds, simulated at once (default: {d}seeds)")
+    toy.add_argument("--seed", type=int, help=f"random seed of the whole run (default: {d}seed)")
     toy.add_argument("--init", choices=("zero", "random", "warm"),
                      help="initial weights: zero (uniform policy), random (N(0, 0.01)), warm (both correct labels "
-                     f"at 0.4) (default: {d['init']})")  # fmt: skip
+                     f"at 0.4) (default: {d}init)")  # fmt: skip
     toy.add_argument("--iac-alpha", type=float, help="IAC strength alpha, 0 = off (default: 0)")
     toy.add_argument("--dlc-mu", type=float, help="DLC memory weight mu, 0 = off (default: 0)")
-    toy.add_argument("--memory-lr", type=float, help=f"SGD learning rate of the DLC memory (default: {d['memory_lr']})")
+    toy.add_argument("--memory-lr", type=float, help=f"SGD learning rate of the DLC memory (default: {d}memory_lr)")
     toy.add_argument("--siamese", choices=("high", "mid", "low"),
                      help="also track the held-out Siamese query at this similarity (Figure 2)")  # fmt: skip
-    toy.add_argument("--record-every", type=int, help=f"record every N steps (default: {d['record_every']})")
+    toy.add_argument("--record-every", type=int, help=f"record every N steps (default: {d}record_every)")
     toy.add_argument("--out", required=True, help="output CSV file (.csv or .csv.gz)")
     toy.set_defaults(func=_toy)
 

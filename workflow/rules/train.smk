@@ -7,8 +7,9 @@
 # scratch (calibrl.checkpoints).
 
 
-# The CPU backend's starting point: supervised fine-tuning of a fresh tiny Qwen3 on data seed {data}'s sft problems
-# (disjoint from RL's and the test's), initialised with that seed (Hub models need none).
+# A backend's warm-started model (Backend.warmstart; the CPU backend's: supervised fine-tuning of a fresh tiny Qwen3
+# on data seed {data}'s sft problems, disjoint from RL's and the test's, initialised with that seed). Hub models
+# need none.
 rule warmstart:
     input:
         sft=res("data/d{data}/sft.jsonl"),
@@ -22,7 +23,7 @@ rule warmstart:
     threads: 1
     priority: 20  # the head of the longest chain (warm start -> training -> evaluation): start it first
     conda:
-        "../../envs/local.yaml"
+        BACKEND.env
     script:
         "../../scripts/warmstart.py"
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from calibrl import offline
+from calibrl import offline, plugins
 from calibrl.data.records import read_jsonl
 from calibrl.io import write_json
 from calibrl.logs import Progress
@@ -149,6 +149,7 @@ def _shutdown(llm) -> None:
 
 def serve(engine: dict, prompts: Sequence[str], params: Sequence[dict], sink: Callable, batch: int = 256) -> None:
     """One engine (``engine``: :func:`engine_kwargs`) over all ``prompts``; ``sink`` gets each finished batch."""
+    plugins.check()
     import vllm
     from vllm.platforms import current_platform
 

@@ -15,6 +15,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from calibrl import plugins
 from calibrl.backends import CheckFailed
 from calibrl.gpu import RAY_CLUSTER
 
@@ -125,6 +126,10 @@ def vllm_engine(p: dict) -> str:
     evaluation jobs start it (top-p and top-k: the sampler path that would need a compiler with FlashInfer), and
     each training kind as OpenRLHF starts its rollout engines (``engine_probe``: the worker extension, sleep mode
     with a sleep / wake-up cycle, the run's tensor-parallel size, DLC's composite model)."""
+    try:
+        plugins.check()  # an install older than the entry points fails every engine process
+    except plugins.StalePlugins as exc:
+        raise Failed(exc.cause, plugins.FIX) from exc
     seen = []
     for e in p["engines"]:
         if e["role"] == "evaluation":

@@ -15,8 +15,8 @@ patches (``../shared/notes/openrlhf-on-cpu.md``):
 * the driver: ``launch.main`` (:func:`install_driver`);
 * every Ray worker: the setup hook (``hook.setup`` -> :func:`install_worker`);
 * vLLM's own engine-core and worker processes, which Ray's hook never reaches: the package's
-  ``vllm.general_plugins`` entry point (:func:`vllm_plugin`), which reads the run's settings.json through the
-  ``CALIBRL_SETTINGS`` variable those processes inherit.
+  ``vllm.general_plugins`` entry point (``calibrl.backends.vllm_plugin``), which reads the run's settings.json through
+  the ``CALIBRL_SETTINGS`` variable those processes inherit and hands it to :func:`vllm_plugin`.
 
 What the command changes on CPU is :data:`COMMAND_DIFFERENCES` (dropped flags) and :data:`COMMAND_ADDITIONS`
 (flags added, among them flash-attn's and NCCL's replacements), applied by :func:`cpu_argv`: the rest of every run's

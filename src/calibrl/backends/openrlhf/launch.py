@@ -30,7 +30,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from calibrl import offline
+from calibrl import offline, plugins
 from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
 from calibrl.gpu.patching import Target, when_imported
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     check_openrlhf_argv(rest)  # a typo fails here, not after the GPUs are allocated
     if os.environ.get(rehearsal_faults.ENV) and not cpu_standins.enabled(json.loads(settings_path.read_text())):
         raise ValueError(f"{rehearsal_faults.ENV} is set: faults are injected only into a CPU rehearsal's runs")
+    plugins.check()  # vLLM calls them in the rollout engines
     log.info("patches: %s", ", ".join(hook.check(settings_path)))
     run_dir = settings_path.parent
     ckpt_dir = run_dir / "ckpt" / "openrlhf"
