@@ -15,20 +15,16 @@ def _toy_defaults() -> dict:
     return filled("toy", {})
 
 
-# calibrl toy's options that set a ToySetting field (the others: --out)
-TOY_FIELDS = ("estimator", "group_size", "optimizer", "lr", "steps", "seeds", "seed", "init", "iac_alpha", "dlc_mu",
-              "memory_lr", "siamese", "record_every")  # fmt: skip
-
-
 def _toy(args: argparse.Namespace) -> int:
     from calibrl.algo.advantages import ESTIMATORS
     from calibrl.io import write_csv
     from calibrl.toy.figures import toy_setting
-    from calibrl.toy.sim import run
+    from calibrl.toy.sim import ToySetting, run
 
     if args.estimator is not None and args.estimator not in ESTIMATORS:
         raise SystemExit(f"calibrl toy: --estimator must be one of {ESTIMATORS.names()}")
-    given = {k: v for k, v in vars(args).items() if k in TOY_FIELDS and v is not None}
+    fields = ToySetting.__dataclass_fields__  # the options named after a field set it (the others: --out)
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     setting = toy_setting(_toy_defaults(), **given)
     frame = run(setting)
     write_csv(args.out, frame)

@@ -6,11 +6,9 @@ evaluator's engines, it does nothing. DLC's composite model registers through an
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-from calibrl import backends
+from calibrl import backends, checkpoints
 
 SETTINGS_ENV = "CALIBRL_SETTINGS"
 
@@ -19,5 +17,5 @@ def plugin() -> None:
     path = os.environ.get(SETTINGS_ENV)
     if not path:
         return
-    stamp = json.loads(Path(path).read_text())
+    stamp = checkpoints.read_stamp(path)
     backends.get(stamp["settings"]["backend"]).vllm_plugin(stamp)
