@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow  # minutes: `make test-fast` leaves it out, `make 
         ("dlc_sampling.py", []),
         ("rollout_throughput.py", []),
         ("sampler_prefill.py", []),
+        ("warmstart_encoding.py", []),
         ("countdown_grading.py", []),
         ("dag_planning.py", []),
         ("memory_update_efficiency.py", []),

@@ -5,7 +5,7 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from calibrl.algo.dlc import calibrated_logits
-from calibrl.models import build_model, build_tokenizer, load, save
+from calibrl.models import build_model, build_tokenizer, encode_examples, load, save
 from calibrl.sampling import encode_prompts, position_ids_from_mask, sample
 
 
@@ -83,6 +83,24 @@ def test_tokenizer_round_trip_and_special_ids(tokenizer):
     ids = tokenizer("12+3", add_special_tokens=False)["input_ids"]
     assert tokenizer.decode([tokenizer.bos_token_id, *ids, tokenizer.eos_token_id], skip_special_tokens=True) == "12+3"
     assert tokenizer("A?", add_special_tokens=False)["input_ids"] == [tokenizer.unk_token_id] * 2
+
+
+def test_encode_examples_left_pads_bos_prompt_answer_eos_with_answer_only_labels(tokenizer):
+    ids, mask, labels = encode_examples(tokenizer, ["1 2 -> 3:", "10 4 6 9 2 -> 19:"], ["1+2", "10+9"])
+    rows = []
+    for prompt, answer in (("1 2 -> 3:", "1+2"), ("10 4 6 9 2 -> 19:", "10+9")):
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(([tokenizer.bos_token_id, *p], a))
+    width = max(len(p) + len(a) for p, a in rows)
+    assert ids.shape == mask.shape == labels.shape == (2, width)
+    assert (ids.dtype, mask.dtype, labels.dtype) == (torch.long, torch.bool, torch.long)
+    for i, (p, a) in enumerate(rows):
+        pad = width - len(p) - len(a)
+        assert ids[i].tolist() == [tokenizer.pad_token_id] * pad + p + a
+        assert mask[i].tolist() == [False] * pad + [True] * (len(p) + len(a))
+        assert labels[i].tolist() == [-100] * (pad + len(p)) + a  # the loss covers the answer and its <eos> only
+    assert (~mask[0]).any() and mask[1].all()  # the shorter row is padded, the longer one not
 
 
 def test_build_model_is_a_seeded_tiny_qwen3(tokenizer):
