@@ -133,21 +133,8 @@ def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     assert 0.03 <= false_equivalence <= 0.07
 
 
-UNDERPOWERED = {  # primaries the recording shows the plan cannot find at its margin: each a known failure, strict
-    "P1": "revision 3 sized P1 on revision 2's variance components (1.11 points^2 between data seeds, 2.85 within: "
-    "0.9 power at 16 data seeds); its own seeds spread more (3.50 between, 4.43 within): 0.63-0.68 power at 16, 21 "
-    "needed (python -m calibrl.report.power results); a next revision sizes on both recordings (issue 33)",
-    "P6": "the over-sharpening difference between IAC and GRPO spreads more on revision 3's seeds than on revision "
-    "2's (26.9 points^2 between training seeds within a data seed, against 9.6; 16.3 between data seeds): 0.73 "
-    "power at 16 data seeds, 18 needed (python -m calibrl.report.power results); a next revision sizes on both "
-    "recordings (issue 33)",
-}
-
-
 @pytest.mark.parametrize("claim", ["P1", "P2", "P3", "P4", "P5", "P6"])
-def test_each_primary_finds_an_effect_of_its_margin(recorded, claim, request):
-    if claim in UNDERPOWERED:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=UNDERPOWERED[claim]))
+def test_each_primary_finds_an_effect_of_its_margin(recorded, claim):
     assert claim in power_at_margins(recorded)
     assert power_at_margins(recorded)[claim] >= 0.8, power_at_margins(recorded)
 

@@ -117,7 +117,7 @@ def round_sig(value: float, digits: int = RECORD_DIGITS) -> float:
 
 def read_record(path: str | Path) -> pd.DataFrame:
     """A file :func:`record` wrote, its modes parsed back."""
-    pp = pd.read_csv(path)
+    pp = pd.read_csv(path, low_memory=False)  # whole: the modes column is text on some rows, empty on others
     if "modes" in pp:
         pp["modes"] = [json.loads(m) if isinstance(m, str) else np.nan for m in pp["modes"]]
     return pp
