@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # a few minutes of dry runs
 BIN = Path(sys.executable).parent
 # Commands that do not run here, each with where it is tested or why not (matched at the start of a command).
 ELSEWHERE = {
-    "make run": "the embedded default (~100 min since issue 33): benchmarks/embedded_default.py times it",
+    "make run": "the embedded default (~85 min since issue 33): benchmarks/embedded_default.py times it",
     "make test": "CI's own command (.ci/run)",
     ".venv/bin/snakemake --report": "tests/test_workflow_grid.py makes the report of a finished micro grid",
     ".venv/bin/calibrl tables": "tests/test_workflow_grid.py prints the tables of a finished micro grid",
