@@ -185,7 +185,10 @@ def test_figures_plot_the_seed_level_results(finished):
             )
             assert (row.low, row.high) == pytest.approx((low, high), rel=1e-5, abs=1e-9), row
     claims = pd.read_csv(res / "claims.csv").set_index("claim")["verdict"]
-    panels = pd.read_csv(res / "figures" / "primary_claims.csv")["panel"].unique()
+    primary = pd.read_csv(res / "figures" / "primary_claims.csv")
+    drawn = AP.load(work / ".test" / "plan.yaml").seeds  # the panels draw the seeds the claims read, not seed 0 too
+    assert set(primary["seeds"]) == {len(drawn)}, primary[["panel", "method", "x", "seeds"]]
+    panels = primary["panel"].unique()
     assert len(panels) == (claims.index.str.match(r"P\d+:")).sum()
     for panel in panels:
         claim, _, verdict = panel.rpartition(": ")

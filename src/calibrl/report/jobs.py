@@ -70,8 +70,9 @@ def aggregate_job(
     F.plot_panels([(entropy, f"training entropy, 5-step mean ({main}), 95% band over seeds",
                     "entropy (nats per token)", 1.0)], "step", figs / f"entropy_bands_{main}.png", colors)  # fmt: skip
     verdicts = dict(zip(claims["claim"], claims["verdict"]))
+    decided = per_problem[per_problem["seed"].isin(plan.seeds)] if plan else per_problem  # the seeds the claims read
     panels = [
-        (sharpening.over_steps(per_problem, main, c.metric, list(c.arms), c.factor, c.weights()),
+        (sharpening.over_steps(decided, main, c.metric, list(c.arms), c.factor, c.weights()),
          f"{c.id}: {c.claim}: {verdicts.get(f'{c.id}: {c.claim}', 'not decided')}", c.unit, c.scale)
         for c in primaries
     ]  # fmt: skip
