@@ -30,6 +30,8 @@ from calibrl import stats as S
 from calibrl.report.claims import primary_sample
 from calibrl.report.load import load_per_problem
 
+RECORD_DIGITS = 9  # significant digits of a recorded log-probability (round_sig)
+
 
 def differences(pp: pd.DataFrame, plan: AP.Plan, claim: AP.Primary, model: str) -> pd.DataFrame:
     """D_s of ``claim`` (in its unit) per training seed of the plan present in ``pp``, with its data seed and the
@@ -84,9 +86,6 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
     return out
 
 
-RECORD_DIGITS = 9
-
-
 def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> None:
     """The primary arms' per-problem results on the plan's seeds, at the checkpoints the plan reads (base: step 0),
     on the splits its primaries weigh, gzipped CSV (the modes only of the arms a Definition 2.1 primary compares, each
@@ -109,10 +108,11 @@ def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> Non
     keep.to_csv(path, index=False, compression="gzip")
 
 
-def round_sig(value: float, digits: int = RECORD_DIGITS) -> float:
-    """``value`` to ``digits`` significant digits: a recorded log-probability (a float64 sum over a float32 model's
-    tokens) moves by under 1e-8 of itself, and 24 data seeds' file stays under the 2 MiB a tracked file may take."""
-    return float(f"{value:.{digits}g}")
+def round_sig(value: float) -> float:
+    """``value`` to ``RECORD_DIGITS`` significant digits: a recorded log-probability (a float64 sum over a float32
+    model's tokens) moves by under 1e-8 of itself, and 24 data seeds' file stays under the 2 MiB a tracked file may
+    take."""
+    return float(f"{value:.{RECORD_DIGITS}g}")
 
 
 def read_record(path: str | Path) -> pd.DataFrame:
