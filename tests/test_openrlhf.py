@@ -34,7 +34,7 @@ from conftest import filled, paper_settings
 
 from calibrl import grid as G
 from calibrl.algo.advantages import iac
-from calibrl.backends.openrlhf import command, hook, launch, loss_norm, steps
+from calibrl.backends.openrlhf import command, hook, launch, loss_norm, save_cadence, steps
 from calibrl.backends.openrlhf import iac as iac_patch
 from calibrl.gpu import RAY_CLUSTER, patching
 
@@ -504,11 +504,18 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     }  # fmt: skip
     for run in RUNS:
         got = [p.name for p in hook.patches(paper_settings(PAPER, run, tmp_path / run.path))]
-        always = ["step limit", "FusedAdam on torch's kernels", "weight decay on every parameter"]  # scope all
+        # layouts' ds_save_steps 10 (evaluated every 50); decay scope all
+        always = ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps",
+                  "weight decay on every parameter"]  # fmt: skip
         assert got == [*always, *expected[run.method]], run
     scoped = paper_config(weight_decay_scope="no_bias_norm")  # OpenRLHF's own: no patch
     got = [p.name for p in hook.patches(paper_settings(scoped, G.Run("qwen3-8b", "grpo", 0), tmp_path / "nb"))]
-    assert got == ["step limit", "FusedAdam on torch's kernels"]
+    assert got == ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps"]
+    (cadence,) = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "c"))
+                  if p.name.startswith("DeepSpeed's")]  # fmt: skip
+    assert cadence.install.func is save_cadence.install and cadence.install.args == (50,)
+    _, args = parsed(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "a")
+    assert args.ckpt.save_steps == 10 and args.ckpt.save_hf  # the state every 10, the copies every 50 (the patch)
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["iac"]["iac_alpha"] = 0.75
     settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path / "x")
@@ -536,23 +543,19 @@ def test_every_paper_run_parses_with_openrlhfs_parser(run, tmp_path):
     assert args.algo.advantage.estimator == estimators[method.estimator]
     assert stamp["settings"]["method"] == method.to_dict()  # IAC's alpha, DLC's mu: read by the setup hook
     assert args.actor.model_name_or_path == stamp["paths"]["init"]  # the downloaded folder, never a Hub id
-    # batch: 64 prompts x 8 samples, one optimizer step on all 512 per rollout step, lr 1e-6
+    # batch: 64 prompts x 8 samples, then 4 optimizer steps (ppo_minibatches) of 16 prompts' 128 samples, lr 1e-6
     assert (args.rollout.batch_size, args.rollout.n_samples_per_prompt) == (64, 8)
-    assert args.train.batch_size == 512 and args.train.max_epochs == 1
+    assert args.train.batch_size == 128 and args.train.max_epochs == 1
     assert args.actor.adam.lr == 1e-6 and args.actor.lr_scheduler == "constant"
     assert args.actor.adam.weight_decay == 0.01 and args.actor.adam.betas == [0.9, 0.999]
-    # exactly 2000 steps: full episodes of max_samples / 64 steps, and the launcher's limit
-    assert args.data.max_samples % 64 == 0
-    per_episode = args.data.max_samples // 64
-    # OpenRLHF's own count (ppo_trainer.py L72-78), with len(dataset) = max_samples
-    openrlhf_steps = args.data.max_samples * 8 // 512 * args.train.num_episodes * args.train.max_epochs
-    if method.dapo:
-        assert openrlhf_steps >= 2000 * 4  # dynamic filtering uses more prompts per step; the limit stops at 2000
-    else:
-        assert per_episode * args.train.num_episodes == 2000 == openrlhf_steps
-    assert args.data.max_samples <= (30236 if method.filter_easiest else 40315)
+    # 2000 steps over every prompt: passes of rows // 64 full steps, as many as 2000 needs, and the launcher's limit
+    rows = 30236 if method.filter_easiest else 40315
+    assert args.data.max_samples == rows
+    per_pass = rows // 64
+    episodes = args.train.num_episodes // (command.DAPO_EPISODE_FACTOR if method.dapo else 1)
+    assert per_pass * episodes >= 2000 > per_pass * (episodes - 1)
     # checkpoints: HF every 50 steps, resumable
-    assert args.ckpt.save_steps == 50 and args.ckpt.save_hf and args.ckpt.load_enable
+    assert args.ckpt.save_steps == 10 and args.ckpt.save_hf and args.ckpt.load_enable
     assert args.ckpt.path.endswith("ckpt/openrlhf")
     assert args.reward.remote_url == [str(PKG / "reward.py")] and args.data.label_key == "answer"
     assert args.reward.clip_range[1] >= 1e5  # IAC's advantages are not cut at OpenRLHF's default 10
@@ -571,14 +574,15 @@ def test_every_paper_run_parses_with_openrlhfs_parser(run, tmp_path):
 
 @needs_openrlhf
 def test_command_arithmetic_and_errors(tmp_path):
-    # 250 rows, 20 steps of 16 prompts: 1 x 320 too many, 2 x 160
-    assert command.episodes_and_samples(20, 16, 250, dapo=False) == (2, 160)
-    assert command.episodes_and_samples(20, 16, 250, dapo=True) == (2 * command.DAPO_EPISODE_FACTOR, 160)
+    # 250 rows, 20 steps of 16 prompts: 15 full steps a pass (10 prompts left over), 2 passes, every row in them
+    assert command.episodes_and_samples(20, 16, 250, dapo=False) == (2, 250)
+    assert command.episodes_and_samples(20, 16, 250, dapo=True) == (2 * command.DAPO_EPISODE_FACTOR, 250)
+    assert command.episodes_and_samples(2000, 64, 40315, dapo=False) == (4, 40315)  # DeepScaleR: 629 steps a pass
     with pytest.raises(ValueError, match="fewer than one step's 64"):
         command.episodes_and_samples(2000, 64, 63, dapo=False)
     cfg = paper_config(steps=20, eval_every=10, prompts_per_step=16)
     _, args = parsed(cfg, G.Run("qwen3-8b", "grpo", 0), tmp_path, rows=250)
-    assert (args.data.max_samples, args.train.num_episodes) == (160, 2)
+    assert (args.data.max_samples, args.train.num_episodes) == (250, 2)
     assert not args.data.apply_chat_template and args.data.input_key == "prompt"  # rendered already (data.py)
     with pytest.raises(ValueError, match="rejects"):
         command.check_openrlhf_argv(["--algo.advantage.estimator", "nope"])
@@ -592,6 +596,49 @@ def test_command_arithmetic_and_errors(tmp_path):
     settings = paper_settings(raw, G.Run("qwen3-8b", "grpo", 0), tmp_path / "m")
     with pytest.raises(ValueError, match="has no OpenRLHF estimator"):
         command.build_command(json.loads(settings.read_text()), tmp_path, tmp_path / "p.jsonl", 40000)
+
+
+def test_over_long_prompts_are_dropped_counted_and_left_out_of_the_episode_arithmetic(tmp_path, caplog):
+    """OpenRLHF 0.11.2 keeps a prompt's last --data.max_len - max_new_tokens tokens (utils/agent.py), cutting the
+    chat header; the prompt file leaves out every rendered prompt of more than grid.train.max_prompt_len tokens of
+    the run's tokenizer (verl drops them too), counts them in the log and beside the file, and the launcher's
+    --data.max_samples and passes are the rows that remain (issue 43, N8)."""
+    from calibrl.backends.openrlhf import data
+    from calibrl.models import build_tokenizer
+
+    tok = build_tokenizer()  # one token per character
+    tok.chat_template = "{% for m in messages %}<|{{ m['content'] }}|>{% endfor %}"  # 4 tokens of its own
+    tok.save_pretrained(tmp_path / "init")  # the run's policy folder: the job loads its tokenizer from it
+    cfg = paper_config(steps=4, eval_every=2, prompts_per_step=16)
+    settings = paper_settings(cfg, G.Run("qwen3-8b", "grpo", 0), tmp_path, {"init": str(tmp_path / "init")})
+    stamp = json.loads(settings.read_text())
+    stamp["settings"]["template"] = "{problem}"
+    stamp["settings"]["train"]["max_prompt_len"] = 24
+    # 100 problems of 10 to 29 characters: rendered, 14 to 33 tokens; those of 21 characters or more are over 24
+    rows = [{"id": f"q{i}", "problem": str(i % 10) * (10 + i % 20), "answer": "1", "source": "x"} for i in range(100)]
+    stamp["paths"]["train"] = str(tmp_path / "train.jsonl")
+    Path(stamp["paths"]["train"]).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings.write_text(json.dumps(stamp))
+    prompts = settings.parent / launch.PROMPTS
+    with caplog.at_level("WARNING", logger="calibrl.openrlhf.data"):
+        kept = data.prepare(stamp, prompts)  # the tokenizer from the policy folder, as in the job
+    long_ids = {r["id"] for r in rows if len(r["problem"]) + 4 > 24}
+    assert len(long_ids) == 45 and kept == 55
+    written = [json.loads(line) for line in prompts.read_text().splitlines()]
+    assert len(written) == 55 and not long_ids & {r["id"] for r in written}
+    assert all(r["prompt"].startswith("<|") and len(r["prompt"]) <= 24 for r in written)  # whole, header included
+    record = json.loads(data.overlong_path(prompts).read_text())
+    assert record["dropped"] == 45 and record["rows"] == 55 and record["max_prompt_len"] == 24
+    assert record["longest"] == 33 and set(record["dropped_ids"]) == long_ids
+    assert "45 of 100 prompts have more than grid.train.max_prompt_len = 24 tokens" in caplog.text
+    # the launcher counts the file's rows: OpenRLHF's prefix and passes are those of the 55 prompts left (3 steps
+    # of 16 a pass: 2 passes for 4 steps)
+    argv = launch.openrlhf_argv(settings)
+    assert argv[argv.index("--data.max_samples") + 1] == "55" and argv[argv.index("--train.num_episodes") + 1] == "2"
+    assert argv[argv.index("--data.max_len") + 1] == str(24 + cfg["grid"]["train"]["max_new_tokens"])
+    # a limit every prompt fits: none dropped, the count (0) recorded all the same
+    stamp["settings"]["train"]["max_prompt_len"] = 1024
+    assert data.prepare(stamp, prompts) == 100 and json.loads(data.overlong_path(prompts).read_text())["dropped"] == 0
 
 
 # --------------------------------------------------------------------------------------- (c) reward
@@ -947,3 +994,61 @@ def test_the_dlc_divergence_check_fails_the_run_past_its_tolerance():
     for bad in (0.2, float("nan")):
         with pytest.raises(dlc.DivergenceCheckFailed, match="over the tolerance 0.1"):
             dlc.checked({**ok, "check_mean_abs": bad}, 7)
+
+
+def test_the_dlc_divergence_check_is_waited_for_by_name_before_the_memory_step(monkeypatch, tmp_path):
+    """Rank 0 loads the rollout policy for the check while the other ranks are done with it: the memory's step (whose
+    collectives would hold them under NCCL's 10-minute timeout, failing with no name) is submitted only once every
+    rank has returned from the check, and a check that outruns CHECK_TIMEOUT_S fails the step naming it (issue 43,
+    N10). Ray's wait and get are stand-ins here: the trainer calls nothing else of Ray for it."""
+    from calibrl.backends.openrlhf import dlc
+
+    calls, late = [], set()
+
+    def wait(refs, num_returns, timeout):
+        calls.append(("wait", tuple(refs), timeout))
+        return [r for r in refs if r not in late], [r for r in refs if r in late]
+
+    fake_ray = types.ModuleType("ray")
+    fake_ray.wait = wait
+    fake_ray.get = lambda refs: [{"rank": r} for r in refs]
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+
+    class Memory:  # MemoryGroup's calls, each returning one ref per rank
+        def check(self, policy, mu, sequences, learn, logprobs):
+            calls.append(("check", policy, mu, len(sequences)))
+            return ["check0", "check1"]
+
+        def step(self, sequences, learn):
+            calls.append(("step", len(sequences)))
+            return ["step0", "step1"]
+
+    sample = SimpleNamespace(
+        sequences=torch.tensor([[5, 6, 7]]), action_mask=torch.tensor([[1, 1]]), rollout_log_probs=torch.zeros(1, 2)
+    )
+    trainer = SimpleNamespace(
+        _calibrl_memory=Memory(),
+        samples_generator=SimpleNamespace(),
+        args=SimpleNamespace(actor=SimpleNamespace(model_name_or_path="/models/init"), ckpt=SimpleNamespace(path="")),
+    )
+    trainer.samples_generator._calibrl_dlc_seen = [sample] * 6
+    pending = dlc._memory_submit(trainer, 0, 0.5)  # step 0: the initial policy, on disk
+    assert calls == [
+        ("check", "/models/init", 0.5, dlc.CHECK_SEQUENCES),
+        ("wait", ("check0", "check1"), dlc.CHECK_TIMEOUT_S),  # every rank, with the named bound
+        ("step", 6),  # only then the memory's step
+    ]
+    assert pending == {"samples": 6, "check": {"rank": "check0"}, "step": ["step0", "step1"]}
+    calls.clear()
+    late.add("check0")  # rank 0 still loading the policy when the time is up
+    monkeypatch.setattr(dlc, "CHECK_TIMEOUT_S", 5.0)
+    trainer.samples_generator._calibrl_dlc_seen = [sample] * 6
+    with pytest.raises(dlc.DivergenceCheckTimeout, match=r"divergence check after step 0: 1 of 2 memory ranks") as err:
+        dlc._memory_submit(trainer, 0, 0.5)
+    assert "within 5 s (dlc.CHECK_TIMEOUT_S)" in str(err.value) and "/models/init" in str(err.value)
+    assert [c[0] for c in calls] == ["check", "wait"]  # no step submitted: no rank waits in its collectives
+    # a step whose rollout policy is not on disk is not checked: the step goes straight on
+    calls.clear()
+    trainer.args.ckpt.path = str(tmp_path)
+    trainer.samples_generator._calibrl_dlc_seen = [sample] * 6
+    assert dlc._memory_submit(trainer, 3, 0.5)["check"] is None and calls == [("step", 6)]

@@ -715,3 +715,75 @@ def test_the_commands_arguments_make_openrlhf_compute_our_formulas(orl, monkeypa
         # the reward file's scores, the 0/1 correctness, whatever the reward's scale
         kept = openrlhf_kept(orl, monkeypatch, correct.float(), tuple(args.algo.dynamic_filtering_range))
         assert torch.equal(kept, dapo.informative_groups(correct.float()))
+
+
+# ------------------------------------------------------------------------- PPO mini-batches: the clip binds
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_clip_fraction_over_ppo_minibatches_matches_openrlhf(orl, tmp_path, k):
+    """One DAPO step of the CPU trainer (``Trainer._update``: ``ppo_minibatches`` AdamW updates on whole groups in
+    order) against the same updates taken as OpenRLHF takes them with ``--train.batch_size`` B x G / k
+    (``command.train_samples``; with dynamic batches the replay buffer is split in order, ``ppo_actor.ppo_train``):
+    its real ``PolicyLoss`` on each mini-batch, the same model, advantages and optimizer. Both give the same clip
+    fraction (``ppo_clip_ratio``) at every update; it is 0 with one update per step (the ratio is 1) and binds from
+    the second of k = 4."""
+    from calibrl import config as C
+    from calibrl.backends.local import trainer as T
+    from calibrl.data import countdown
+    from calibrl.models import build_model, build_tokenizer, save
+    from calibrl.spec import TrainSettings, compile_method
+
+    train = C.filled(
+        "grid.train",
+        {
+            "steps": 1,
+            "eval_every": 1,
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "lr": 3e-2,
+            "max_new_tokens": 6,
+            "ppo_minibatches": k,
+            "dapo_overlong_cache": 4,
+        },
+    )
+    assert command.train_samples(train) == 16 // k
+    spec = compile_method("dapo", C.filled("grid.methods.*", {"estimator": "grpo", "dapo": True}), train)
+    tok = build_tokenizer()
+    save(build_model(tok, seed=0, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+         tok, tmp_path / "init")  # fmt: skip
+
+    def score(texts, recs):  # one success in every group of 4: every group informative
+        return [(i % 4 == 0, None) for i in range(len(texts))]
+
+    torch.manual_seed(0)
+    records = countdown.generate("train", 16, seed=0)
+    trainer = T.Trainer(spec, TrainSettings.from_config(train), records, tmp_path / "init", tmp_path / "run", score,
+                        seed=0, template="{problem}:")  # fmt: skip
+    batch, _, _ = trainer._collect()
+    policy, optimizer = copy.deepcopy((trainer.policy, trainer.optimizer))  # OpenRLHF's side starts alike
+    adv = trainer._advantages(batch)
+    roll = batch.rollout
+    with torch.no_grad():
+        old = T.token_logprobs(policy, roll)
+    loss_fn = orl.loss.PolicyLoss(clip_eps_low=spec.clip_low, clip_eps_high=spec.clip_high, dual_clip=spec.dual_clip,
+                                  token_level_loss=True)  # fmt: skip
+    theirs = []
+    per_update = command.train_samples(train)
+    for start in range(0, len(adv), per_update):  # the replay buffer in order, B x G / k samples an optimizer step
+        rows = torch.arange(start, start + per_update)
+        sub, mask = roll.rows(rows), roll.response_mask[rows].float()
+        logp = T.token_logprobs(policy, sub)
+        loss, clip_ratio, *_ = loss_fn(logp, old[rows], adv[rows, None].expand_as(logp), action_mask=mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), train["grad_clip"])
+        optimizer.step()
+        theirs.append(clip_ratio.item())
+
+    ours = trainer._update(batch)
+    assert ours["updates"] == len(theirs) == k
+    assert ours["clip_frac"] == pytest.approx(sum(theirs) / k, abs=1e-6)
+    assert theirs[0] == 0.0  # the first update's ratio is 1
+    if k == 1:
+        assert ours["clip_frac"] == 0.0  # one update per step: the clip never acts
+    else:
+        assert all(c > 0 for c in theirs[1:]), theirs  # the later updates' ratios leave [1 - 0.2, 1 + 0.28]

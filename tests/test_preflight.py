@@ -36,8 +36,9 @@ def test_each_request_shape_gets_the_checks_its_jobs_need():
     p = PF.params(PAPER, "n2-gpu8")
     common = ["gpus", "driver", "compiler", "models", "disk", "lock", "vllm", "ray"]
     assert list(PF.CHECKS) == common and p["backend"] == "openrlhf"
-    # OpenRLHF's own checks (Backend.preflight_checks), before the engines and Ray that need its stack
-    assert p["checks"] == [*common[:6], "flash_attn", "optimizer", "vllm", "ray"]
+    # OpenRLHF's own checks (Backend.preflight_checks), before the engines and Ray that need its stack, and its
+    # training canary after everything
+    assert p["checks"] == [*common[:6], "flash_attn", "optimizer", "vllm", "ray", "canary"]
     assert (p["nodes"], p["gpus_per_node"]) == (2, 8)
     assert {m["hf_id"] for m in p["models"]} == {"Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B", "Qwen/Qwen3-1.7B"}
     assert p["disk_gb"] > 5000  # the planner's estimate for the grid
@@ -110,6 +111,54 @@ def test_a_training_engine_that_cannot_start_is_named():
     err = failed(C.vllm_engine, {"engines": [{**engine, "tensor_parallel_size": 1}], "gpus_per_node": 8})
     assert "could not start the training engine the way OpenRLHF does" in err.cause
     assert "No module named 'vllm'" in err.cause and "the job's log" in err.fix
+
+
+NODE = [f"GPU-{i}{i}c0ffee-{i}000-4000-8000-00000000000{i}" for i in range(8)]  # NVML's UUIDs, in its order
+
+
+@pytest.mark.parametrize(
+    "visible, gpus",
+    [
+        (None, list(range(8))),  # unset: every GPU of the node
+        ("4,5", [4, 5]),  # SLURM without device cgroups: the job's indices on the node
+        (f"{NODE[6]},3", [6, 3]),  # UUIDs, and indices mixed
+        ("GPU-22c0", [2]),  # a unique prefix of a UUID
+        ("1,1", [1]),
+        ("2,9,3", [2]),  # CUDA stops at the first entry that names no device
+        ("GPU-", None),  # a prefix of every UUID names none
+        ("", None),
+        ("-1", None),
+        ("MIG-3f1e2d4c-0000-0000-0000-000000000000", None),  # NVML's device memory would be the whole GPU's
+    ],
+)
+def test_the_sleep_check_measures_the_jobs_gpus_only(visible, gpus):
+    """engine_probe measures the memory sleep releases on the GPUs CUDA_VISIBLE_DEVICES names, mapped to NVML's
+    devices; a sum over the node's would move with other jobs on a shared node (issue 43, N4)."""
+    from calibrl.preflight.engine_probe import visible_gpus
+
+    assert visible_gpus(visible, NODE) == gpus
+    assert visible_gpus("0,1", NODE[2:4]) == [0, 1]  # device cgroups: NVML lists the job's GPUs alone
+
+
+def test_the_sleep_checks_memory_reading_sums_the_jobs_gpus(monkeypatch):
+    """``_gpu_used`` through a fake NVML of 8 GPUs, each using 10 + index GiB: the job's GPUs 4 and 5 give 29 GiB."""
+    import torch
+
+    from calibrl.preflight import engine_probe
+
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 8,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: NODE[h].encode(),  # older nvidia-ml-py returns bytes
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(10 + h) * 2**30),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"4,{NODE[5]}")
+    assert engine_probe._gpu_used() == (29.0, [4, 5])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-3f1e2d4c")
+    assert engine_probe._gpu_used() is None  # not measured, rather than read off the whole GPU
 
 
 def failed(check, p: dict | None = None) -> C.Failed:

@@ -212,7 +212,12 @@ def test_every_method_trains_two_segments_through_the_openrlhf_driver(rehearsal)
         assert "Global step 3:" not in texts[0]  # the segment's step limit
         assert "Global step 4:" in texts[-1] and "Global step 1:" not in texts[-1]  # resumed at step 2
         # every step's training metrics once, from OpenRLHF's TensorBoard
-        assert [m["step"] for m in _metrics(work, method)] == [1, 2, 3, 4], method
+        metrics = _metrics(work, method)
+        assert [m["step"] for m in metrics] == [1, 2, 3, 4], method
+        # ppo_minibatches 4: the later optimizer steps of a rollout step see a moved policy, and the clip binds
+        assert "--train.batch_size 8" in command, command
+        if CONFIG["grid"]["methods"][method].get("dapo"):
+            assert max(m["ppo_clip_ratio"] for m in metrics) > 0, [m.get("ppo_clip_ratio") for m in metrics]
 
 
 @pytest.mark.skipif("dapo_iac_dlc" not in METHODS, reason="the DLC run is not rehearsed")
@@ -294,3 +299,57 @@ def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path
     out = failed.stdout + failed.stderr
     assert failed.returncode != 0, out[-4000:]
     assert "shared placement group was not recorded" in out, out[-6000:]
+
+
+# ------------------------------------------------------------------------------------ the training canary
+SHAPE = "n1-gpu1"  # the rehearsal's one request shape: every training layout and the evaluation engines
+
+
+def test_the_preflight_trains_each_kind_of_run_as_a_canary_first(rehearsal):
+    """The preflight's last check trained each kind of run of the shape (plain, DAPO, DLC among the rehearsed
+    methods) 2 steps, saved, and resumed for a third, through the training job's own path, before any GPU job."""
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    report = json.loads((work / RESULTS / "preflight" / f"{SHAPE}.json").read_text())
+    row = next(r for r in report["checks"] if r["check"] == "canary")
+    assert row["status"] == "pass", row
+    kinds = {"dlc" if m.get("dlc_mu") else "dapo" if m.get("dapo") else "plain"
+             for k, m in rehearsed()["grid"]["methods"].items() if not m.get("filter_easiest")}  # fmt: skip
+    for kind in kinds:
+        assert f"canary {kind} (as {MODEL}/" in row["detail"] and "steps 1-3 in 2 launches" in row["detail"], row
+        run_dir = work / RESULTS / "preflight" / "canary" / SHAPE / kind
+        logs = [(run_dir / f"segment_{end}.log").read_text() for end in (2, 3)]
+        assert "Global step 2:" in logs[0] and "Global step 3:" not in logs[0]
+        assert "Global step 3:" in logs[1] and "Global step 2:" not in logs[1]  # resumed from step 2
+    if "dlc" in kinds:
+        assert "divergence" in row["detail"] and "memory loss logged" in row["detail"]
+
+
+@pytest.mark.skipif("dapo_iac_dlc" not in METHODS, reason="the DLC run is not rehearsed")
+def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehearsal, tmp_path, monkeypatch):
+    """The preflight's canary check alone, for the DLC kind, with a fault killing its first step: the preflight job
+    fails naming the canary, the kind, the run it stands for, the segment and its log."""
+    work, proc = rehearsal
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    from calibrl import preflight as PF
+
+    monkeypatch.chdir(work)  # the config's folders are relative to the workflow's
+    p = PF.params(filled(rehearsed()), SHAPE)
+    p = {**p, "checks": ["canary"], "canary": [c for c in p["canary"] if c["kind"] == "dlc"]}
+    (tmp_path / "p.json").write_text(json.dumps(p))
+    out = tmp_path / "preflight.json"
+    job = "import json, sys; from calibrl import preflight as P; P.preflight_job(json.load(open(sys.argv[1])), "
+    job += "sys.argv[2])"
+    python = VLLM_VENV / "bin" / "python"
+    env = {**_env(tmp_path, f"preflight-canary/{SHAPE}/dlc:mid_step:1"), "CALIBRL_REWARD_WORKERS": "1",
+           "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    failed = run([str(python), "-c", job, str(tmp_path / "p.json"), str(out)], cwd=work, timeout=900, env=env)
+    text = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and not out.exists(), text[-4000:]
+    row = json.loads(Path(f"{out}.failed.json").read_text())["checks"][0]
+    assert row["check"] == "canary" and row["status"] == "fail", row
+    log = work / RESULTS / "preflight" / "canary" / SHAPE / "dlc" / "segment_2.log"
+    assert f"canary dlc (as {MODEL}/dapo_iac_dlc/s0): training to step 2 failed" in row["detail"], row
+    assert str(log) in row["detail"] and row["fix"], row
+    assert (log.parent / "rehearsal_faults" / "mid_step-1").is_file()  # the fault fired in its first step
+    assert "preflight SHAPE: 1 of 1 checks failed".replace("SHAPE", SHAPE) in text

@@ -42,6 +42,22 @@ ASSUMPTIONS: dict[str, tuple[object, str]] = {
         0.5,
         "assumption: a lone sequence decodes at ~50% of HBM bandwidth reading the weights (no batching)",
     ),
+    "gpu_memory_gb": (
+        85.0,
+        "NVIDIA H100 SXM 80 GB: 79.19 GiB as CUDA reports it, the total vLLM's gpu_memory_utilization is a share of",
+    ),
+    "vllm_non_kv_gb": (
+        3.0,
+        "assumption: per GPU, what a vLLM engine holds beside its weights and KV cache (the activation peak it "
+        "profiles, CUDA graphs, NCCL and cuBLAS workspaces)",
+    ),
+    "kv_bytes_per_value": (2, "bf16 KV cache: vLLM's kv_cache_dtype auto, the dtype of OpenRLHF's engines"),
+    "kv_resident_fraction": (
+        1.0,
+        "assumption: at its peak a step's sequences hold the KV cache of their whole mean length (prompt + mean "
+        "response); an upper bound within a step (those that finish early free theirs) that the steps whose "
+        "responses run longer than the mean exceed",
+    ),
     "runtime_margin": (1.5, "assumption: warn when an estimate x this margin outruns a SLURM runtime"),
     "eval_result_bytes": (4000, "one evaluation JSON (per split metrics)"),
     "download_gbit_per_s": (1.0, "assumption: login node to the Hub"),
@@ -107,10 +123,40 @@ def shape_parameters(c: dict, vocab: int = VOCAB, head_dim: int = HEAD_DIM) -> i
     return c["layers"] * layer + vocab * h * (1 if c["tied"] else 2) + h
 
 
-def kv_bytes_per_token(hf_id: str) -> int:
-    """bf16 K and V of one token over all layers."""
+def kv_bytes_per_token(hf_id: str, value_bytes: int = 2) -> int:
+    """K and V of one token over all layers, ``value_bytes`` each value (bf16: 2)."""
     c = _shape(hf_id)
-    return 2 * c["layers"] * c["kv_heads"] * c.get("head_dim", HEAD_DIM) * 2
+    return 2 * c["layers"] * c["kv_heads"] * c.get("head_dim", HEAD_DIM) * value_bytes
+
+
+def kv_capacity_tokens(a: dict, models: list[str], utilization: float, tp: int = 1) -> float:
+    """Tokens of KV cache one vLLM engine of ``tp`` GPUs holds at ``gpu_memory_utilization`` ``utilization``, as vLLM
+    sizes it: its share of each GPU (``gpu_memory_gb``) less what it holds beside the cache (``vllm_non_kv_gb`` per
+    GPU) and the bf16 weights of ``models`` (split over the ``tp`` GPUs), over the KV bytes of one token in every one
+    of ``models`` (``kv_bytes_per_value`` a value; DLC's composite holds the policy and the memory, each stack's
+    layers with their own cache from the one budget, so a token costs both). Below 0: the weights do not fit."""
+    budget = tp * (a["gpu_memory_gb"] * utilization - a["vllm_non_kv_gb"]) * 1e9
+    weights = sum(parameters(m) for m in models) * a["hf_bytes_per_param"]
+    per_token = sum(kv_bytes_per_token(m, int(a["kv_bytes_per_value"])) for m in models)
+    return (budget - weights) / per_token
+
+
+def generation_waves(
+    a: dict, models: list[str], sequences_per_engine: float, max_new: int, utilization: float, tp: int = 1
+) -> float:
+    """How many waves one engine generates a step's batch in: its concurrent sequences x their mean length
+    (``prompt_tokens + response_fraction x max_new``, times ``kv_resident_fraction``) over its KV capacity
+    (:func:`kv_capacity_tokens`); 1 when they fit. Beyond it vLLM preempts the newest sequences (their cache
+    freed, recomputed when they resume) until running ones finish: the batch runs in waves (:func:`generation_seconds`).
+    A ``ValueError`` when the engine's share does not hold its weights (vLLM would not start)."""
+    capacity = kv_capacity_tokens(a, models, utilization, tp)
+    if capacity <= 0:
+        raise ValueError(
+            f"a vLLM engine of {' + '.join(models)} on {tp} GPU(s) at gpu_memory_utilization {utilization:g}: "
+            f"{a['gpu_memory_gb']:g} GB x {utilization:g} per GPU holds no KV cache beside the weights"
+        )
+    length = a["prompt_tokens"] + a["response_fraction"] * max_new
+    return max(1.0, sequences_per_engine * length * a["kv_resident_fraction"] / capacity)
 
 
 def assumptions(overrides: dict | None = None) -> dict:
@@ -138,15 +184,28 @@ def gen_tokens_per_s(a: dict, hf_id: str, mean_context: float, memory: str | Non
 
 
 def generation_seconds(
-    a: dict, hf_id: str, sequences: float, max_new: int, gpus: float, tp: int = 1, memory: str | None = None
+    a: dict,
+    hf_id: str,
+    sequences: float,
+    max_new: int,
+    gpus: float,
+    tp: int = 1,
+    memory: str | None = None,
+    waves: float = 1.0,
 ) -> float:
     """Wall seconds for ``sequences`` responses on ``gpus`` GPUs (engines of ``tp`` GPUs): prefill and decode of
-    the batch, then its long tail (:func:`tail_seconds`); ``memory``: DLC's composite (both stacks)."""
+    the batch, then its long tail (:func:`tail_seconds`); ``memory``: DLC's composite (both stacks). In ``waves``
+    (:func:`generation_waves`, a training step's batch beyond its engines' KV cache) the same tokens are decoded,
+    the preempted share of the sequences (``1 - 1 / waves``) prefills its mean context again when it resumes, and
+    each wave ends in its own long tail: the longest sequences hold their cache to the end, so the preempted ones
+    resume behind them."""
     params = parameters(hf_id) + (parameters(memory) if memory else 0)
     response = a["response_fraction"] * max_new
     decode = sequences * response / gen_tokens_per_s(a, hf_id, a["prompt_tokens"] + response / 2, memory)
-    prefill = sequences * a["prompt_tokens"] * 2 * params / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)
-    return (decode + prefill) / gpus + tail_seconds(a, params, max_new, tp)
+    per_token = 2 * params / (a["train_mfu"] * a["gpu_peak_tflops"] * 1e12)  # prefill
+    prefill = sequences * a["prompt_tokens"] * per_token
+    recompute = (1 - 1 / waves) * sequences * (a["prompt_tokens"] + response / 2) * per_token
+    return (decode + prefill + recompute) / gpus + waves * tail_seconds(a, params, max_new, tp)
 
 
 def memory_update_seconds(a: dict, memory: str, tokens: float, gpus: int) -> float:

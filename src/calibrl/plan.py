@@ -3,13 +3,14 @@
 ``calibrl plan --configfile config/paper.yaml`` prints the estimate; ``check_runtimes`` compares each job's
 wall time with the SLURM profile's ``runtime`` (read only) and warns where a job would be killed.
 
-The estimate is a stated throughput model, not a measurement. Every number it uses is in ``ASSUMPTIONS``
-below, each with where it comes from; any of them is overridden with ``--assume key=value`` (or a YAML file
-of such keys, ``--assumptions FILE``). Model sizes come from the Qwen3 configs (``QWEN3``: the fields of
-each model's ``config.json`` on the Hub), so parameter counts, checkpoint bytes and KV-cache bytes are
-computed, not assumed.
+The estimate is a stated throughput model, not a measurement. The model is ``calibrl.cost`` (re-exported here:
+``calibrl.plan.ASSUMPTIONS`` is ``calibrl.cost.ASSUMPTIONS``). Every number it uses is in ``ASSUMPTIONS``, each with
+where it comes from; any of them is overridden with ``--assume key=value`` (or a YAML file of such keys,
+``--assumptions FILE``). Model sizes come from the Qwen3 configs (``calibrl.cost.QWEN3``: the fields of each model's
+``config.json`` on the Hub) or a downloaded folder's ``config.json``, so parameter counts, checkpoint bytes and
+KV-cache bytes are computed, not assumed.
 
-Throughput model (per GPU, bf16):
+Throughput model (per GPU, bf16; the formulas in ``calibrl.cost``):
 
 * generation (vLLM, large batches, decode-dominated): each output token costs the weight matmuls,
   ``2 N`` FLOPs at ``gen_mfu`` of peak, plus reading its sequence's KV cache, ``kv_bytes_per_token(model) x
@@ -22,6 +23,10 @@ Throughput model (per GPU, bf16):
   forward 2N, the reference forward 2N).
 * generation ends with its long tail: the longest response (at the budget) finishes alone, each token reading
   the engine's weights from HBM (``tail_seconds``);
+* generation runs in waves (``generation_waves``) where an engine's share of the batch (sequences x their length)
+  exceeds its KV cache (``kv_capacity_tokens``: its memory share of ``gpu_memory_gb`` less ``vllm_non_kv_gb`` and
+  the weights; DLC's composite holds two models' weights and KV); each wave adds a long tail, and the preempted
+  sequences are prefilled again;
 * a training step = generation of ``prompts_per_step x group_size`` responses on the engine GPUs, then
   training on the actor GPUs, then ``step_overhead_s`` (weight sync, sleep/wake); the phases do not overlap
   (OpenRLHF's synchronous PPO loop), so the job's GPUs are all held for the sum.
@@ -50,7 +55,9 @@ from calibrl.cost import (  # noqa: F401 (the planner's model, re-exported: cali
     assumptions,
     gen_tokens_per_s,
     generation_seconds,
+    generation_waves,
     kv_bytes_per_token,
+    kv_capacity_tokens,
     memory_update_seconds,
     parameters,
     shape_parameters,

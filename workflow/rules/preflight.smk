@@ -3,7 +3,8 @@
 # DeepSpeed's optimizer, vLLM engines started as the shape's jobs start them: OpenRLHF's rollout engine with its
 # worker extension, sleep mode, TP and DLC's composite for training shapes, the evaluator's for evaluation; Ray
 # across the nodes with GPU actors and an NCCL all-reduce between them, the locked models, disk and quotas, the run
-# lock) and fails in minutes, naming each cause and its fix. Its params are PF.params: the slice of the config those
+# lock, and the backend's training canary: each kind of run trains 2 steps, saves and resumes) and fails, naming each
+# cause and its fix. Its params are PF.params: the slice of the config those
 # checks read (the engines are derived from the grid's layouts). Every GPU job has its shape's preflight as an
 # ancient input (common.smk, preflight_gate): a finished job never reruns because a preflight ran again
 # (`--forcerun preflight` re-checks a site).
@@ -11,6 +12,7 @@
 rule preflight:
     input:
         MODEL_INFOS,
+        canary=lambda wildcards: [res(path) for path in PF.inputs(config, wildcards.shape)],
     output:
         res("preflight/{shape}.json"),
     params:

@@ -43,16 +43,18 @@ CHECKS = {
     "ray": (C.ray, {"train"}),
 }
 BACKEND_BEFORE = "vllm"  # a backend's checks (its stack) run before the engines and Ray, which need that stack
+BACKEND_LAST = ("canary",)  # ... except a training canary, which needs all of it and takes longest
 
 
 def all_checks(trainer: str) -> dict:
     """:data:`CHECKS` with backend ``trainer``'s own training checks, in the order they run."""
     own = {name: (check, {"train"}) for name, check in backends.get(trainer).preflight_checks().items()}
+    first = {k: v for k, v in own.items() if k not in BACKEND_LAST}
     out: dict = {}
     for name, entry in CHECKS.items():
-        out.update(own if name == BACKEND_BEFORE else {})
+        out.update(first if name == BACKEND_BEFORE else {})
         out[name] = entry
-    return out
+    return out | {k: v for k, v in own.items() if k in BACKEND_LAST}
 
 
 class PreflightFailed(RuntimeError):
@@ -95,6 +97,8 @@ def params(config: dict, shape: str) -> dict:
         "waive": list(grid["preflight"]["waive"]),
         "models": models,
         "engines": engines(config, shape),
+        "canary": canaries(config, shape) if "train" in entry["jobs"] else [],
+        "workers": int(grid["workers"]),
         "results": str(Path(config["results"]).resolve()),
         "disk_gb": round(P.totals(*P.plan(config))["disk_gb"], 1),
     }
@@ -152,6 +156,52 @@ def training_engines(config: dict, shape: str) -> list[dict]:
         covered = group + [e for (t, s, d, _), g in kinds.items() if dlc and not d and (t, s) == (tp, sleep) for e in g]
         out.append({**engine, "runs_of": sorted({e["runs_of"] for e in covered})})
     return out
+
+
+CANARY_STEPS = (2, 3)  # the canary's segments: 2 steps and a save, then a resume for a third
+
+
+def canary_kind(spec) -> str:
+    """The canary's kinds of training run: what starts different roles and patches (DLC's memory and composite
+    engine; DAPO's dynamic sampling without a reference model; the rest with a reference KL)."""
+    return "dlc" if spec.uses_dlc else "dapo" if spec.dynamic_sampling else "plain"
+
+
+def canaries(config: dict, shape: str) -> list[dict]:
+    """The training canary's runs for ``shape`` (the backend's check ``canary``): one per :func:`canary_kind` among
+    the shape's runs, on the smallest policy of that kind (an IAC method first: one more patch), with the run's
+    compiled method, batch and layout unchanged and only its length cut: :data:`CANARY_STEPS`, a checkpoint at the
+    first segment's end, and responses of at most ``grid.preflight.canary.max_new_tokens``. Each is ``{kind, run,
+    settings, resources, inputs}``, ``settings`` as ``grid.train_params`` gives a run's, ``inputs`` relative to the
+    results folder."""
+    grid = config["grid"]
+    picked: dict[str, tuple] = {}
+    for i, (run, spec) in enumerate(G.run_specs(config)):
+        if spec.filters or shape_name(G.request(config, run)) != shape:
+            continue  # the filtering baseline trains as GRPO does, from a ranking made by a job of its own
+        key = (P.parameters(_hf_id(config, run.model)), not spec.iac_alpha, i)
+        kind = canary_kind(spec)
+        if kind not in picked or key < picked[kind][0]:
+            picked[kind] = (key, run)
+    out = []
+    for kind in ("plain", "dapo", "dlc"):
+        if kind not in picked:
+            continue
+        run = picked[kind][1]
+        settings = G.train_params(config, run)
+        train = {**settings["train"], "steps": CANARY_STEPS[-1], "eval_every": CANARY_STEPS[0]}
+        train["max_new_tokens"] = min(int(train["max_new_tokens"]), int(grid["preflight"]["canary"]["max_new_tokens"]))
+        settings = {**settings, "run": f"preflight-canary/{shape}/{kind}", "train": train}
+        out.append({"kind": kind, "run": run.path, "settings": settings, "resources": G.resources(config, run),
+                    "inputs": G.inputs(config, run)})  # fmt: skip
+    return out
+
+
+def inputs(config: dict, shape: str) -> list[str]:
+    """The files the preflight job of ``shape`` reads beyond the models: the canary's training data."""
+    if shape not in shapes(config) or "train" not in shapes(config)[shape]["jobs"]:
+        return []
+    return sorted({path for c in canaries(config, shape) for path in c["inputs"].values()})
 
 
 def _hf_id(config: dict, model: str) -> str:

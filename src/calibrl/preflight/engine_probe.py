@@ -17,8 +17,9 @@ then ``kv_cache``) as the trainer does around a weight sync, and two rollout req
 sampled token's logprob where the run asks vLLM for it). A function run in every worker (``collective_rpc``)
 reports the worker's classes (the extension must be among them) and the model class (DLC: the composite, its
 memory loaded, its mu). Where CUDA is there, the GPU memory that sleep released is measured (NVML) and must be
-most of what the engine took. vLLM has no sleep mode on its CPU platform: there the engine starts without it and
-the detail says that sleep mode was not checked.
+most of what the engine took; measured on this job's GPUs only (``CUDA_VISIBLE_DEVICES`` mapped to NVML's devices,
+:func:`visible_gpus`), as another job on a shared node would move a node-wide sum. vLLM has no sleep mode on its CPU
+platform: there the engine starts without it and the detail says that sleep mode was not checked.
 """
 
 from __future__ import annotations
@@ -81,8 +82,37 @@ def worker_facts(wrapper) -> dict:
     }
 
 
-def _gpu_used() -> float | None:
-    """GiB in use on every GPU this process can see through NVML (no CUDA context of its own); None without CUDA."""
+def visible_gpus(cuda_visible: str | None, uuids: list[str]) -> list[int] | None:
+    """The NVML indices of the GPUs a process with ``CUDA_VISIBLE_DEVICES=cuda_visible`` uses, ``uuids`` being
+    NVML's devices in its order (``nvmlDeviceGetUUID`` of index 0, 1, ...). Read as CUDA reads the variable: unset,
+    every device; entries separated by commas, each an index (NVML's order is the PCI bus order, CUDA's on a node of
+    identical GPUs) or a ``GPU-`` UUID or a unique prefix of one; the list ends at the first entry that names no
+    device. None where no GPU can be measured: none left, or a MIG instance (``MIG-``; NVML's device memory is its
+    whole GPU's), where the release is then not measured rather than read off others' memory."""
+    if cuda_visible is None:
+        return list(range(len(uuids))) or None
+    picked: list[int] = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        if entry.startswith("MIG-"):
+            return None
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        elif entry.startswith("GPU-") and len(matches := [i for i, u in enumerate(uuids) if u.startswith(entry)]) == 1:
+            index = matches[0]
+        else:  # CUDA ignores this entry and every one after it
+            break
+        if index not in picked:
+            picked.append(index)
+    return picked or None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)  # nvidia-ml-py: bytes before 11.5
+
+
+def _gpu_used() -> tuple[float, list[int]] | None:
+    """(GiB in use, their NVML indices) on the GPUs of this job (:func:`visible_gpus`), through NVML (no CUDA context
+    of its own); None without CUDA or NVML, or where the job's GPUs cannot be told apart (a MIG instance)."""
     try:
         import torch
 
@@ -92,7 +122,12 @@ def _gpu_used() -> float | None:
 
         pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        return sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / 2**30
+        picked = visible_gpus(
+            os.environ.get("CUDA_VISIBLE_DEVICES"), [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        )
+        if picked is None:
+            return None
+        return sum(pynvml.nvmlDeviceGetMemoryInfo(handles[i]).used for i in picked) / 2**30, picked
     except Exception:  # no NVML: the release is not measured, the cycle still runs
         return None
 
@@ -135,16 +170,23 @@ async def probe(spec: dict) -> str:
             if await engine.is_sleeping():
                 raise Problem("the engine still reports sleeping after wake_up(weights, kv_cache)", _SLEEP_FIX)
             if None in (before, started, asleep):
-                said.append("sleep(1) and wake_up(weights, kv_cache) ran (GPU memory not measured: no NVML)")
+                said.append(
+                    "sleep(1) and wake_up(weights, kv_cache) ran (GPU memory not measured: no NVML, or no GPU of "
+                    f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} it can measure)"
+                )
             else:
-                taken, released = started - before, started - asleep
+                gpus = before[1]
+                taken, released = started[0] - before[0], started[0] - asleep[0]
                 if released < 0.5 * taken:
                     raise Problem(
                         f"sleep(level=1) released {released:.1f} of the {taken:.1f} GiB the engine took: DeepSpeed "
                         f"would train beside a sleeping engine that still holds its memory",
                         _SLEEP_FIX,
                     )
-                said.append(f"sleep(1) released {released:.1f} of {taken:.1f} GiB, wake_up(weights, kv_cache) ran")
+                on = f"NVML GPU{'s' * (len(gpus) > 1)} {','.join(map(str, gpus))}"
+                said.append(
+                    f"sleep(1) released {released:.1f} of {taken:.1f} GiB ({on}), wake_up(weights, kv_cache) ran"
+                )
         facts = await engine.collective_rpc(worker_facts)
         extension = spec["worker_extension"]
         for i, f in enumerate(facts):

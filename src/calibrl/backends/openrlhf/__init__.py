@@ -2,7 +2,7 @@
 
 A training job (``OpenRLHFBackend.train``) prepares the run's prompt file (``data``) and runs
 ``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT`` inside a private Ray cluster spanning the job's
-SLURM allocation (``calibrl.gpu.ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's
+SLURM allocation (``src/calibrl/gpu/ray_cluster.sh``). The launcher builds OpenRLHF's command line from the run's
 settings.json (``command``), starts Ray with one setup hook (``hook``) that installs the patches every run needs
 (``steps``: the step limit; ``fused_adam``: DeepSpeed's optimizer kernel from torch), the one its weight-decay scope
 needs (``decay_scope``) and those the run's method names (``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``),
@@ -71,18 +71,22 @@ class OpenRLHFBackend:
                     why = f", {kept} after method {spec.name}'s filter_easiest {spec.filter_easiest:g}," * spec.filters
                     out.append(("grid.data.subset", f"{rows} training rows{why} are fewer than one step's "
                                                     f"{batch} prompts (grid.train.prompts_per_step)"))  # fmt: skip
-        if grid["train"]["ppo_minibatches"] != 1:
-            what = "OpenRLHF runs here take one optimizer step per rollout step (train_batch_size = prompts x G): set 1"
+        if batch % grid["train"]["ppo_minibatches"]:  # command.train_samples: whole groups per optimizer step
+            what = f"does not divide grid.train.prompts_per_step ({batch}): each optimizer step takes whole groups"
             out.append(("grid.train.ppo_minibatches", what))
         for name, spec in grid["models"].items():
             if "resources" not in spec:  # a tiny model (refused above)
                 continue
             resources = spec["resources"]
             for key, lay in (("resources", resources), ("resources.dlc", resources["dlc"])):
-                every = lay.get("segment_steps")
-                if every and every % grid["train"]["eval_every"]:
-                    what = f"{every} is not a multiple of grid.train.eval_every ({grid['train']['eval_every']})"
+                every, evals = lay.get("segment_steps"), grid["train"]["eval_every"]
+                if every and every % evals:
+                    what = f"{every} is not a multiple of grid.train.eval_every ({evals})"
                     out.append((f"grid.models.{name}.{key}.segment_steps", what + ": a segment ends on a checkpoint"))
+                saves = lay.get("ds_save_steps")
+                if saves and evals % saves:
+                    what = f"{saves} does not divide grid.train.eval_every ({evals}): an evaluated step needs its state"
+                    out.append((f"grid.models.{name}.{key}.ds_save_steps", what))
         if not out:  # the layouts can be computed
             out += L.problems(grid, [(run.model, spec.uses_kl, spec.uses_dlc) for run, spec in runs])
         return out
@@ -166,10 +170,11 @@ class OpenRLHFBackend:
         }
 
     def preflight_checks(self) -> dict:
-        """Its model code with flash-attn's kernel, and DeepSpeed's optimizer with calibrl's kernel."""
-        from calibrl.backends.openrlhf import preflight
+        """Its model code with flash-attn's kernel, DeepSpeed's optimizer with calibrl's kernel, and the training
+        canary: each kind of run of the shape trains 2 steps, saves and resumes (``canary``)."""
+        from calibrl.backends.openrlhf import canary, preflight
 
-        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer}
+        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer, "canary": canary.check}
 
     def vllm_plugin(self, stamp: dict) -> None:
         """A CPU rehearsal's vLLM-side stand-ins (``cpu_standins``); on a cluster, nothing."""

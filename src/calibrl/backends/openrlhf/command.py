@@ -39,20 +39,29 @@ def fmt(x) -> str:
 
 
 def episodes_and_samples(steps: int, batch: int, rows: int, dapo: bool) -> tuple[int, int]:
-    """(``--train.num_episodes``, ``--data.max_samples``) for exactly ``steps`` steps of ``batch`` prompts.
+    """(``--train.num_episodes``, ``--data.max_samples``) for ``steps`` steps of ``batch`` prompts over all ``rows``.
 
-    One rollout step takes B prompts x G samples; ``--train.batch_size`` B*G with one PPO epoch makes it one
-    optimizer step, and OpenRLHF's global_step counts rollout steps. OpenRLHF has no max-steps flag: it runs
-    ``num_episodes`` passes over the first ``max_samples`` prompts of the file. With M = max_samples a multiple
-    of B every step is full, so an episode is M/B steps; E is the smallest divisor of S = steps with
-    S/E*B <= N (the prompts there are) and M = S/E*B, hence E * M/B = S steps exactly. DeepScaleR (N ~ 40.3k),
-    S=2000, B=64: E=4, M=32000. DAPO's dynamic sampling drops groups whose samples all score the same and refills
-    the batch, so a step consumes B / pass-rate prompts and no flag can fix the step count: it gets
-    ``DAPO_EPISODE_FACTOR`` times the data, and the step limit (``steps``) stops at exactly S full steps."""
-    episodes = next((e for e in range(1, steps + 1) if steps % e == 0 and steps // e * batch <= rows), None)
-    if episodes is None:
+    OpenRLHF has no max-steps flag: it runs ``num_episodes`` passes over the first ``max_samples`` prompts, a step
+    every ``batch`` of them. Every prompt is in the passes (M = rows), as verl's epochs over the whole file are
+    (DeepScaleR, N = 40,315, S = 2000, B = 64: 629 full steps a pass, E = 4 passes, ~3.2 of them used), and the
+    step limit (``steps``) stops at exactly S. A pass's last ``rows % batch`` prompts make a partial batch, which
+    the step limit drops rather than take a smaller optimizer step. DAPO's dynamic sampling drops groups whose
+    samples all score the same and refills the batch, so a step consumes B / pass-rate prompts: its runs get
+    ``DAPO_EPISODE_FACTOR`` times the passes."""
+    per_pass = rows // batch
+    if per_pass < 1:
         raise ValueError(f"the training prompts are {rows}, fewer than one step's {batch}")
-    return episodes * (DAPO_EPISODE_FACTOR if dapo else 1), steps // episodes * batch
+    episodes = -(-steps // per_pass)
+    return episodes * (DAPO_EPISODE_FACTOR if dapo else 1), rows
+
+
+def train_samples(train: dict) -> int:
+    """Samples per optimizer step, OpenRLHF's ``--train.batch_size``: a step's B x G samples over
+    ``ppo_minibatches`` (whole groups each: the config check refuses a B it does not divide)."""
+    batch, group, k = int(train["prompts_per_step"]), int(train["group_size"]), int(train["ppo_minibatches"])
+    if batch % k:
+        raise ValueError(f"grid.train.ppo_minibatches {k} does not divide grid.train.prompts_per_step {batch}")
+    return batch // k * group
 
 
 def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows: int) -> list[str]:
@@ -79,9 +88,13 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
     argv += ["--data.max_samples", str(max_samples), "--train.num_episodes", str(episodes)]
     argv += ["--data.max_len", str(int(train["max_prompt_len"]) + max_new), "--rollout.max_new_tokens", str(max_new)]
 
-    # ---- batch: B prompts, G samples each, one optimizer step on all B*G samples
+    # ---- batch: B prompts, G samples each, then k = grid.train.ppo_minibatches optimizer steps on B*G/k samples
+    # each (verl's ppo_mini_batch_size B/k prompts, one PPO epoch): from the second mini-batch on the policy has
+    # moved, its ratio to the rollout policy leaves 1 and the clip (DAPO's clip-higher) binds. OpenRLHF splits its
+    # replay buffer into B*G/k-sample optimizer steps (ppo_actor.ppo_train, replay_buffer.setup_dynamic_batch);
+    # its global_step still counts rollout steps (the step limit, the checkpoints).
     argv += ["--rollout.batch_size", str(batch), "--rollout.n_samples_per_prompt", str(group)]
-    argv += ["--train.batch_size", str(batch * group), "--train.max_epochs", "1"]
+    argv += ["--train.batch_size", str(train_samples(train)), "--train.max_epochs", "1"]
     argv += ["--rollout.temperature", fmt(train["temperature"]), "--rollout.top_p", fmt(train["top_p"])]
     argv += ["--rollout.micro_batch_size", str(res["micro_rollout_batch_size"])]
     argv += ["--train.micro_batch_size", str(res["micro_train_batch_size"])]
@@ -139,10 +152,12 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
         argv += ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip"]
         argv += ["--algo.advantage.is_correction_threshold", *(fmt(b) for b in IMPORTANCE_BOUNDS)]
 
-    # ---- checkpoints: DeepSpeed state for resuming (rotated, keep_ds_checkpoints kept) and a Hugging Face copy at
-    # every eval_every steps, {ckpt}/global_step{k}_hf, never rotated; --ckpt.load_enable resumes from {ckpt}/_actor.
-    # The output_dir's full model at the end of fit is never written (launch.skip_final_save).
-    argv += ["--ckpt.path", str(ckpt), "--ckpt.save_steps", str(train["eval_every"]), "--ckpt.save_hf"]
+    # ---- checkpoints: DeepSpeed state for resuming every ds_save_steps (rotated, keep_ds_checkpoints kept) and a
+    # Hugging Face copy at every eval_every steps, {ckpt}/global_step{k}_hf, never rotated (OpenRLHF saves both at
+    # --ckpt.save_steps: the save_cadence patch skips the copy between evaluated steps); --ckpt.load_enable resumes
+    # from {ckpt}/_actor. The output_dir's full model at the end of fit is never written (launch.skip_final_save).
+    saves = res.get("ds_save_steps") or train["eval_every"]
+    argv += ["--ckpt.path", str(ckpt), "--ckpt.save_steps", str(int(saves)), "--ckpt.save_hf"]
     argv += ["--ckpt.load_enable", "--ckpt.max_num", str(res["keep_ds_checkpoints"])]
     argv += ["--ckpt.output_dir", str(ckpt / "final"), "--ckpt.best_metric_key", "none"]
     argv += ["--logger.tensorboard_dir", str(run / "tensorboard")]

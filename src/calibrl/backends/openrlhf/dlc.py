@@ -17,9 +17,10 @@ patched module is imported:
   on every GPU of a colocated run, or ``memory_gpus`` GPUs of its own), resumes it from
   ``{ckpt.path}/dlc_memory/global_step{k}`` (the resumed policy's step k) when the run resumes, and sends its
   weights to the engines; ``train_step`` runs the divergence check when the rollout policy is a saved checkpoint
-  (step 1 and the step after each ``global_step{k}_hf``) and the memory's cross-entropy step on everything
-  recorded: beside the policy's step when the memory has GPUs of its own, after it when it shares them (both are
-  compute-bound there). Then ``memory.*`` goes to every engine, the memory is saved at every saved step (kept
+  (step 1 and the step after each ``global_step{k}_hf``; waited for, at most ``CHECK_TIMEOUT_S``, before the
+  memory's step, whose collectives the other ranks would otherwise wait in) and the memory's cross-entropy step on
+  everything recorded: beside the policy's step when the memory has GPUs of its own, after it when it shares them
+  (both are compute-bound there). Then ``memory.*`` goes to every engine, the memory is saved at every saved step (kept
   while DeepSpeed keeps the policy's state of that step), and ``dlc/memory_loss`` and ``dlc/check_*`` are logged.
 
 The memory's weights travel like the policy's (OpenRLHF's rule, :func:`_cuda_ipc`): by CUDA IPC when colocated with
@@ -126,8 +127,20 @@ recomputed by the memory actor: bfloat16 engines give a few 1e-2; 0.1 or more me
 distribution (a memory that did not reach them, another mu), and the run fails instead of training on it."""
 
 
+CHECK_TIMEOUT_S = 1800.0
+"""How long the trainer waits for the divergence check, by name (:func:`_await_check`). Rank 0 loads the rollout
+policy (16.4 GB for Qwen3-8B) and the memory and recomputes ``CHECK_SEQUENCES`` sequences while the other ranks
+idle: seconds to minutes, a file system permitting. The memory's step, whose collectives would otherwise hold the
+other ranks under the process group's timeout (NCCL's 10 minutes) with an error that names no check, is submitted
+only once every rank has returned from the check."""
+
+
 class DivergenceCheckFailed(RuntimeError):
     """The engines do not sample from the DLC composite the run trains."""
+
+
+class DivergenceCheckTimeout(RuntimeError):
+    """The divergence check did not finish within :data:`CHECK_TIMEOUT_S`."""
 
 
 TAG = "dlc"
@@ -352,7 +365,8 @@ def _rollout_policy(self, global_step: int) -> str | None:
 
 
 def _memory_submit(self, global_step: int, mu: float) -> dict:
-    """Start the check (with the memory the engines sampled with) and the memory's step on this rollout."""
+    """Run the check where the rollout policy is on disk (with the memory the engines sampled with: before its
+    step), waiting for it (:func:`_await_check`), then start the memory's step on this rollout."""
     memory = self._calibrl_memory
     seen = self.samples_generator.__dict__.pop("_calibrl_dlc_seen", [])
     if not seen:
@@ -360,9 +374,29 @@ def _memory_submit(self, global_step: int, mu: float) -> dict:
     triples = [tokens_of(e) for e in seen]
     policy = _rollout_policy(self, global_step)
     checked = [t for t in triples if t[2] is not None][:CHECK_SEQUENCES]
-    check = memory.check(policy, mu, *zip(*checked)) if policy is not None and checked else None
+    check = None
+    if policy is not None and checked:
+        check = _await_check(memory.check(policy, mu, *zip(*checked)), global_step, policy)
     step = memory.step([t[0] for t in triples], [t[1] for t in triples])
     return {"samples": len(triples), "check": check, "step": step}
+
+
+def _await_check(refs: list, step: int, policy: str) -> dict:
+    """Rank 0's statistics of the divergence check once every rank has returned from it, within
+    :data:`CHECK_TIMEOUT_S`; :class:`DivergenceCheckTimeout`, naming the check, when it has not. The other ranks
+    return as soon as the memory's weights are gathered: no rank enters the memory step's collectives while
+    rank 0 still checks."""
+    import ray
+
+    done, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=CHECK_TIMEOUT_S)
+    if waiting:
+        raise DivergenceCheckTimeout(
+            f"DLC divergence check after step {step}: {len(waiting)} of {len(refs)} memory ranks had not finished "
+            f"within {CHECK_TIMEOUT_S:g} s (dlc.CHECK_TIMEOUT_S); rank 0 loads the rollout policy {policy} and the "
+            f"memory and recomputes {CHECK_SEQUENCES} sequences. A slow read of the checkpoint from the shared file "
+            "system is the likely cause: the memory ranks' logs (Ray's worker logs) say how far it got"
+        )
+    return ray.get(refs)[0]
 
 
 def checked(stats: dict, step: int) -> dict:
@@ -389,8 +423,8 @@ def _memory_finish(self, pending: dict, new_step: int, colocated: bool) -> dict:
 
     memory = self._calibrl_memory
     out = {"dlc/memory_samples": float(pending["samples"])}
-    if pending["check"] is not None:
-        out.update(checked(first(pending["check"]), new_step))
+    if pending["check"] is not None:  # rank 0's statistics, waited for in _memory_submit
+        out.update(checked(pending["check"], new_step))
     out["dlc/memory_loss"] = first(pending["step"])
     ray.get(memory.each("broadcast", self.vllm_engines, _cuda_ipc(self)))
     if new_step % self.args.ckpt.save_steps == 0:  # before the policy's save of the same step (fit's order)

@@ -5,6 +5,8 @@ run's ``settings.json`` (the launcher also passes the grading pool's size and ti
 as variables: ``launch.runtime_env``). :func:`patches` returns what to install:
 - always: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``);
 - from ``grid.train``: weight decay on every parameter for ``weight_decay_scope: all`` (``decay_scope``);
+- from the layout: DeepSpeed's state at ``ds_save_steps`` and the Hugging Face copies at ``eval_every`` alone
+  (``save_cadence``);
 - from the compiled method: IAC when alpha > 0 (``iac``), Dr. GRPO's constant normaliser for ``loss_agg:
   seq-mean-token-sum-norm`` (``loss_norm``), DLC when mu > 0 (``dlc``);
 - on a CPU rehearsal (a layout key): the CUDA stand-ins (``cpu_standins``), and its faults where the variable asks.
@@ -33,6 +35,7 @@ from calibrl.backends.openrlhf import (
     iac,
     loss_norm,
     rehearsal_faults,
+    save_cadence,
     steps,
 )
 from calibrl.gpu.patching import Target
@@ -66,6 +69,10 @@ def patches(settings_path: str | Path) -> list[Patch]:
         Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir)),
         Patch("FusedAdam on torch's kernels", fused_adam.TARGETS, fused_adam.install),  # no nvcc on the nodes
     ]
+    saves = stamp["resources"].get("ds_save_steps")  # unset: both saved at eval_every, OpenRLHF's own
+    if saves and saves != train["eval_every"]:
+        install = functools.partial(save_cadence.install, train["eval_every"])
+        out.append(Patch(f"DeepSpeed's state every {saves} steps", save_cadence.TARGETS, install))
     if train["weight_decay_scope"] == "all":  # no_bias_norm is OpenRLHF's own
         out.append(Patch("weight decay on every parameter", decay_scope.TARGETS, decay_scope.install))
     if spec.uses_iac:

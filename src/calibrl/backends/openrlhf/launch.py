@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = settings_path.parent
     ckpt_dir = run_dir / "ckpt" / "openrlhf"
 
-    resume.repair(ckpt_dir, run_dir / "ckpt")  # what a job killed mid-save left
+    resume.repair(ckpt_dir, run_dir / "ckpt", eval_every)  # what a job killed mid-save left
     done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
     if stop_at in done:
         log.info("step %d is already saved in %s: nothing to train", stop_at, ckpt_dir)

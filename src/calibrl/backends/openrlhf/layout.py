@@ -108,6 +108,7 @@ def problems(grid: dict, runs: list[tuple[str, bool, bool]]) -> list[tuple[str, 
     that Ray or DeepSpeed cannot satisfy inside the allocation rule train requests (``grid``: defaults filled)."""
     train = grid["train"]
     samples = int(train["prompts_per_step"]) * int(train["group_size"])
+    per_update = samples // int(train["ppo_minibatches"])  # DeepSpeed's train_batch_size (command.train_samples)
     out = []
     for model, kl, dlc in dict.fromkeys(runs):
         resources = grid["models"][model]["resources"]
@@ -132,10 +133,11 @@ def problems(grid: dict, runs: list[tuple[str, bool, bool]]) -> list[tuple[str, 
             what = f"colocated: vllm_engines x vllm_tensor_parallel_size ({engines * tp}) must equal the actor's GPUs"
             out.append((f"{key}.vllm_engines", what + f" ({r['actor_gpus']}; OpenRLHF L56-63)"))
         micro = int(lay["micro_train_batch_size"])
-        if samples % (r["actor_gpus"] * micro):
+        if per_update % (r["actor_gpus"] * micro):
             what = (
-                f"a step's {samples} samples (grid.train.prompts_per_step x group_size) do not split into "
-                f"{r['actor_gpus']} actor GPUs x micro_train_batch_size {micro} (DeepSpeed's train_batch_size)"
+                f"an optimizer step's {per_update} samples (grid.train.prompts_per_step x group_size / "
+                f"ppo_minibatches) do not split into {r['actor_gpus']} actor GPUs x micro_train_batch_size {micro} "
+                "(DeepSpeed's train_batch_size)"
             )
             out.append((f"{key}.micro_train_batch_size", what))
         longest = int(train["max_prompt_len"]) + int(train["max_new_tokens"])

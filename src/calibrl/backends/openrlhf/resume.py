@@ -14,7 +14,8 @@ leaves a tag without ``metric.json`` that the next rotation counts as a checkpoi
 to make room). ``_actor`` without ``latest`` makes ``PPOTrainer.fit`` fail with ``KeyError: 'episode'``.
 
 :func:`repair` puts the folder back to the newest step that is complete on both sides (its DeepSpeed tag, and its
-Hugging Face copy or its evaluation marker: ``grid.retention`` removes evaluated copies): later and partial tags
+Hugging Face copy or its evaluation marker: ``grid.retention`` removes evaluated copies; a step saved for resuming
+only, between the evaluated ones, has no copy: ``save_cadence``): later and partial tags
 and copies are removed, ``latest`` names that step, and the DLC memory's state of a later step goes with them
 (``dlc_memory/global_step{k}``, saved per step by ``calibrl.backends.openrlhf.dlc``). Nothing complete is ever
 removed except a DeepSpeed tag newer than the resume point, whose training is then repeated.
@@ -54,20 +55,21 @@ def _steps(folder: Path, pattern: re.Pattern) -> dict[int, Path]:
     return {int(m[1]): p for p in folder.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name))}
 
 
-def resume_step(ckpt: Path, marker_dir: Path) -> int:
-    """The newest step OpenRLHF can resume from and whose checkpoint is kept (0: none, train from scratch)."""
+def resume_step(ckpt: Path, marker_dir: Path, eval_every: int) -> int:
+    """The newest step OpenRLHF can resume from and whose checkpoint is kept (0: none, train from scratch). A step
+    between the evaluated ones (a layout's ``ds_save_steps``: ``save_cadence``) has no copy to wait for."""
     hf = _steps(ckpt, _HF)
     for step, tag in sorted(_steps(ckpt / ACTOR, _TAG).items(), reverse=True):
-        usable = step in hf and hf_complete(hf[step]) or (marker_dir / f"step_{step}.done").exists()
-        if ds_complete(tag) and usable:
+        copied = step in hf and hf_complete(hf[step]) or (marker_dir / f"step_{step}.done").exists()
+        if ds_complete(tag) and (copied or step % eval_every):
             return step
     return 0
 
 
-def repair(ckpt_dir: str | Path, marker_dir: str | Path) -> list[str]:
+def repair(ckpt_dir: str | Path, marker_dir: str | Path, eval_every: int) -> list[str]:
     """Make ``ckpt_dir`` (OpenRLHF's ``--ckpt.path``) resume from :func:`resume_step`; returns what was done."""
     ckpt, actor = Path(ckpt_dir), Path(ckpt_dir) / ACTOR
-    step = resume_step(ckpt, Path(marker_dir))
+    step = resume_step(ckpt, Path(marker_dir), int(eval_every))
     done = []
 
     def remove(path: Path, why: str) -> None:

@@ -1,0 +1,87 @@
+"""The preflight's training canary (``calibrl.preflight.canaries``, ``calibrl.backends.openrlhf.canary``): which
+runs it trains on each request shape of the paper's grid, with what, and how a failure is named. The canary itself
+trains in the CPU rehearsal's preflight (tests/test_rehearsal.py), where an injected fault makes it fail."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import filled
+
+from calibrl import grid as G
+from calibrl import preflight as PF
+from calibrl.backends import CheckFailed
+from calibrl.backends.openrlhf import canary
+
+PAPER = filled("paper")
+
+
+def test_each_kind_of_training_run_of_a_shape_gets_one_canary_with_the_runs_own_settings():
+    one = PF.params(PAPER, "n1-gpu8")["canary"]
+    assert [(c["kind"], c["run"]) for c in one] == [
+        ("plain", "qwen3-4b/iac/s0"),  # the smallest policy of the shape, an IAC method first
+        ("dapo", "qwen3-8b/dapo_iac/s0"),
+        ("dlc", "qwen3-8b/dapo_iac_dlc/s0"),
+    ]
+    two = PF.params(PAPER, "n2-gpu8")["canary"]
+    assert [(c["kind"], c["run"]) for c in two] == [("plain", "qwen3-14b/iac/s0")]  # two nodes, 16 ranks a role
+    for c in one + two:
+        run = G.Run(*c["run"].split("/")[:2], 0)
+        real = G.train_params(PAPER, run)
+        # the run's method, batch, layout and inputs; only its length and response budget cut
+        assert c["settings"]["method"] == real["method"] and c["resources"] == G.resources(PAPER, run)
+        assert c["inputs"] == G.inputs(PAPER, run) and c["settings"]["run"].startswith("preflight-canary/")
+        cut = {"steps": 3, "eval_every": 2, "max_new_tokens": 1024}
+        assert c["settings"]["train"] == {**real["train"], **cut}
+        assert {k: v for k, v in c["settings"].items() if k not in ("run", "train")} == {
+            k: v for k, v in real.items() if k not in ("run", "train")
+        }
+    # the preflight job waits for the canary's data and models
+    assert set(PF.inputs(PAPER, "n1-gpu8")) == {p for c in one for p in c["inputs"].values()}
+    # evaluation-only shapes train nothing
+    engines_only = copy.deepcopy(PAPER)
+    engines_only["grid"]["eval"]["data_parallel_size"] = 4
+    assert PF.params(engines_only, "n1-gpu4")["canary"] == [] and PF.inputs(engines_only, "n1-gpu4") == []
+
+
+def test_the_canary_runs_last_and_is_waivable_by_name():
+    assert list(PF.all_checks("openrlhf"))[-1] == "canary"
+    cfg = copy.deepcopy(PAPER)
+    cfg["grid"]["preflight"]["waive"] = ["canary"]
+    from calibrl.config import problems
+
+    assert problems(cfg) == []
+    cfg["grid"]["preflight"]["canary"] = {"max_new_tokens": 0}
+    assert [k for k, _ in problems(cfg)] == ["grid.preflight.canary.max_new_tokens"]
+
+
+@pytest.mark.parametrize(
+    "tail, meaning",
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
+        ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "NCCL collective failed"),
+        ("calibrl...DivergenceCheckFailed: DLC at step 1: the engines' sampling logprobs differ", "another distri"),
+        ("ValueError: something else went wrong", "last error line: ValueError: something else"),
+    ],
+)
+def test_a_failed_segment_is_named_by_what_its_log_says(tmp_path, tail, meaning):
+    log = tmp_path / "segment_2.log"
+    log.write_text("ray_cluster.sh: head up\nGlobal step 1: {...}\n" + tail + "\n")
+    cause, fix = canary._cause(log)
+    assert meaning in cause and fix
+
+
+def test_a_failing_segment_fails_the_check_naming_kind_run_segment_and_log(tmp_path):
+    """A canary whose training cannot start (no model where its settings point) fails as a named finding."""
+    settings = copy.deepcopy(PF.params(PAPER, "n2-gpu8")["canary"][0])
+    p = {"canary": [settings], "results": str(tmp_path), "shape": "n2-gpu8", "workers": 0}
+    (tmp_path / "data" / "d0").mkdir(parents=True)
+    (tmp_path / "data" / "d0" / "train.jsonl").write_text("")
+    (tmp_path / "models" / "qwen3-14b").mkdir(parents=True)
+    (tmp_path / "nowhere").mkdir()  # an empty model folder
+    (tmp_path / "models" / "qwen3-14b" / "hub.json").write_text('{"path": "%s"}' % (tmp_path / "nowhere"))
+    with pytest.raises(CheckFailed) as err:
+        canary.check(p)
+    assert "canary plain (as qwen3-14b/iac/s0): training to step 2 failed" in err.value.cause
+    assert str(tmp_path / "preflight" / "canary" / "n2-gpu8" / "plain" / "segment_2.log") in err.value.cause
