@@ -9,6 +9,7 @@
 # make rehearsal : the CPU rehearsal of every method of config/paper.yaml (tests/test_rehearsal.py with
 #              CALIBRL_REHEARSAL=all; ~65 min on 2 cores; METHODS=filter,grpo rehearses those again); make test
 #              runs its CI subset (DAPO+IAC+DLC, killed once between DeepSpeed's save and the HF copy)
+# make docs : regenerate config/README.md from the config schema (tests/test_docs.py checks it is current)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,7 +18,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 CLUSTER_VENV ?= .venv-cluster
 CORES ?= 2
 
-.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check rehearsal
+.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check rehearsal docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +106,10 @@ cluster-check: $(CLUSTER_VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/snakemake --lint
+
+# config/README.md from workflow/schemas/config.schema.yaml's descriptions (scripts/config_readme.py)
+docs: $(VENV)/.installed
+	$(BIN)/python scripts/config_readme.py
 
 clean:
 	rm -rf results/* .snakemake

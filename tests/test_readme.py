@@ -1,8 +1,10 @@
-"""Every command of README.md's bash blocks works as written, or is named here with the test that runs it or why it
-cannot run on this machine: the README is read at test time, so an edited or added command is checked too.
+"""Every command of the docs' bash blocks (README.md, docs/*.md, config/README.md, benchmarks/README.md) works as
+written, or is named here with the test that runs it or why it cannot run on this machine: the docs are read at test
+time, so an edited or added command is checked too. The README stays a guide (at most 200 lines).
 
 Snakemake commands run as dry runs (``-n``: a plan is what the command would do; the SLURM profile's executor is
-not contacted), ``calibrl plan`` and ``calibrl toy`` run whole, in a copy of the workflow."""
+not contacted), ``calibrl plan`` and ``calibrl toy`` run whole, in a copy of the workflow. Whether the modules, files
+and make targets the docs name exist: tests/test_docs.py."""
 
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ from pathlib import Path
 import pytest
 from conftest import REPO, copy_workflow
 
-pytestmark = pytest.mark.slow  # a few minutes of dry runs
-
 BIN = Path(sys.executable).parent
+README = REPO / "README.md"
+DOCS = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "config" / "README.md", REPO / "benchmarks" / "README.md"]
+README_LINES = 200  # a guide; the reference is in docs/
 # Commands that do not run here, each with where it is tested or why not (matched at the start of a command).
 ELSEWHERE = {
-    "make run": "the embedded default (~85 min since issue 33): benchmarks/embedded_default.py times it",
+    "make run": "the embedded default (about 85 min on 2 cores): benchmarks/embedded_default.py times it",
+    "make rehearsal": "tests/test_rehearsal.py (CALIBRL_REHEARSAL=all: an hour); make test runs its DLC run",
     "make test": "CI's own command (.ci/run)",
     ".venv/bin/snakemake --report": "tests/test_workflow_grid.py makes the report of a finished micro grid",
     ".venv/bin/calibrl tables": "tests/test_workflow_grid.py prints the tables of a finished micro grid",
@@ -32,9 +36,9 @@ ELSEWHERE = {
 }
 
 
-def commands() -> list[str]:
-    """Every command line of the README's ```bash blocks (continuations joined, comments dropped)."""
-    text = (REPO / "README.md").read_text()
+def commands(docs: list[Path] = DOCS) -> list[str]:
+    """Every command line of the docs' ```bash blocks (continuations joined, comments dropped)."""
+    text = "\n".join(doc.read_text() for doc in docs)
     out = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -49,9 +53,14 @@ def local(command: str) -> list[str]:
     return [str(BIN / w.removeprefix(".venv/bin/")) if w.startswith(".venv/bin/") else w for w in shlex.split(command)]
 
 
+def test_the_readme_is_a_guide():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines: move reference material to docs/"
+
+
 def test_every_readme_command_is_run_or_accounted_for():
+    assert len(commands([README])) >= 15, commands([README])
     found = commands()
-    assert len(found) >= 15, found
     runnable = [c for c in found if not c.startswith(tuple(ELSEWHERE))]
     assert all(c.startswith((".venv/bin/snakemake", ".venv/bin/calibrl ")) for c in runnable), runnable
 
@@ -63,6 +72,7 @@ def work(tmp_path_factory):
     return work
 
 
+@pytest.mark.slow  # a few minutes of dry runs
 @pytest.mark.parametrize(
     "command", list(dict.fromkeys(c.removesuffix(" -n") for c in commands() if not c.startswith(tuple(ELSEWHERE))))
 )
