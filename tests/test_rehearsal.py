@@ -91,6 +91,7 @@ def test_the_cuda_standins_are_a_pinned_list():
     """A new stand-in is a decision: this list changes with it. Each names the symbol it replaces."""
     assert [str(s.target) for s in cpu_standins.STANDINS] == [
         "openrlhf.models.ring_attn_utils:unpad_input",
+        "openrlhf.models.actor:Actor.__init__",
         "torch.cuda:set_device",
         "torch.cuda:synchronize",
         "torch.cuda:current_device",
@@ -130,7 +131,8 @@ def test_the_rehearsal_command_is_the_papers_less_what_a_cpu_cannot_do(tmp_path)
         ours = cpu_standins.cpu_argv(paper)
         flags = [a for a in paper if a.startswith("--")]
         assert [a for a in ours if a.startswith("--")] == [f for f in flags if f not in dropped] + added
-        assert dropped & set(flags) >= {"--ds.packing_samples", "--vllm.enable_sleep"}, method
+        assert dropped & set(flags) == {"--vllm.enable_sleep", "--ds.enable_sleep"}, method
+        assert {"--ds.packing_samples", "--train.dynamic_batch_enable"} <= set(ours), method  # kept, as on GPUs
     with pytest.raises(ValueError, match="sets --vllm.sync_backend already"):
         cpu_standins.cpu_argv(["--vllm.sync_backend", "nccl"])
 
@@ -206,7 +208,8 @@ def test_every_method_trains_two_segments_through_the_openrlhf_driver(rehearsal)
             assert "patches in the driver:" in text
         # the paper's command less what a CPU cannot do, through OpenRLHF's real driver
         command = re.search(r"python -m openrlhf.cli.train_ppo_ray (.*)", texts[0]).group(1)
-        assert "--vllm.sync_backend gloo" in command and "--ds.packing_samples" not in command
+        assert "--vllm.sync_backend gloo" in command and "--ds.packing_samples" in command
+        assert "--train.dynamic_batch_enable" in command
         assert "--train.colocate_all" in command and "--ds.zero_stage" in command
         assert "Global step 1:" in texts[0] and "Global step 2:" in texts[0]
         assert "Global step 3:" not in texts[0]  # the segment's step limit

@@ -18,9 +18,9 @@ patches (``../shared/notes/openrlhf-on-cpu.md``):
   ``vllm.general_plugins`` entry point (``calibrl.backends.vllm_plugin``), which reads the run's settings.json through
   the ``CALIBRL_SETTINGS`` variable those processes inherit and hands it to :func:`vllm_plugin`.
 
-What the command changes on CPU is :data:`COMMAND_DIFFERENCES` (dropped flags) and :data:`COMMAND_ADDITIONS`
-(flags added, among them flash-attn's and NCCL's replacements), applied by :func:`cpu_argv`: the rest of every run's
-command is the paper's.
+What the command changes on CPU is :data:`COMMAND_DIFFERENCES` (dropped flags: sleep mode) and
+:data:`COMMAND_ADDITIONS` (flags added, among them flash-attn's and NCCL's replacements), applied by :func:`cpu_argv`:
+the rest of every run's command is the paper's, packing and dynamic batches included.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from calibrl.checkpoints import RunStamp
 from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.cpu_standins")
@@ -39,18 +40,14 @@ SWITCH = "cpu_rehearsal"  # the layout key (settings.json ``resources``)
 TAG = "cpu_standin"
 
 
-def enabled(stamp: dict) -> bool:
+def enabled(stamp: RunStamp) -> bool:
     """Whether the run of ``stamp`` (its settings.json) is a CPU rehearsal."""
-    return bool((stamp.get("resources") or {}).get(SWITCH, False))
+    return bool((stamp.resources or {}).get(SWITCH, False))
 
 
 # ------------------------------------------------------------------------------------------ the command
 COMMAND_DIFFERENCES = (
     # (flag dropped, number of values it takes, why)
-    ("--ds.packing_samples", 0, "needs flash-attn's varlen kernels (CUDA)"),
-    ("--train.dynamic_batch_enable", 0, "packs samples by tokens: needs --ds.packing_samples"),
-    ("--train.max_tokens_per_gpu", 1, "the dynamic batch's token budget"),
-    ("--rollout.max_tokens_per_gpu", 1, "the dynamic batch's token budget"),
     ("--vllm.enable_sleep", 0, "vLLM refuses sleep mode on its CPU platform"),
     ("--ds.enable_sleep", 0, "offloads DeepSpeed's states to host memory between phases: they are there already"),
 )
@@ -61,7 +58,7 @@ COMMAND_ADDITIONS = (
         None,
         "CUDA graphs are GPU-only; vLLM-CPU's inductor compile instead costs ~1 min per engine",
     ),
-    ("--ds.attn_implementation", "sdpa", "flash_attention_2 is CUDA-only (OpenRLHF's default)"),
+    ("--ds.attn_implementation", "sdpa", "flash_attention_2 is CUDA-only (OpenRLHF's default; packing: ACTOR_INIT)"),
     ("--vllm.sync_backend", "gloo", "NCCL is CUDA-only; a non-NCCL backend also turns CUDA IPC off"),
 )
 
@@ -114,15 +111,54 @@ def _constant(value):
     return make
 
 
-# --- flash-attn: imported at module load by openrlhf.models.ring_attn_utils (driver and workers); nothing of it
-# runs without --ds.packing_samples, which the rehearsal drops.
+# --- flash-attn: imported at module load by openrlhf.models.ring_attn_utils (driver and workers). Its padding helpers
+# (flash_attn.bert_padding) are plain tensor indexing, written here in torch, so that packing and dynamic batches run
+# as on the cluster (ring attention's all_gather stays unavailable: ring_attn_size is 1). The packed forward itself
+# runs in transformers' sdpa, which reads the sequences' boundaries from the restarting position ids
+# (masking_utils.find_packed_sequence_indices): ACTOR_INIT.
+def _unpad_input(hidden_states, attention_mask, unused_mask=None):
+    """bert_padding.unpad_input: the rows of ``hidden_states`` (batch, seqlen, ...) where ``attention_mask`` is set,
+    flattened, with their flat indices, the cumulative sequence lengths, the longest and each length."""
+    import torch
+
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, int(seqlens.max()), seqlens
+
+
+def _index_first_axis(tensor, indices):
+    """bert_padding.index_first_axis: ``tensor[indices]`` along the first axis."""
+    return tensor[indices]
+
+
+def _pad_input(hidden_states, indices, batch, seqlen):
+    """bert_padding.pad_input: the inverse of :func:`_unpad_input`, zeros where nothing was kept."""
+    out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def _rearrange(*args, **kwargs):
+    import einops
+
+    return einops.rearrange(*args, **kwargs)
+
+
 FLASH_MODULES = {
-    "flash_attn": (),
-    "flash_attn.bert_padding": ("index_first_axis", "pad_input", "rearrange", "unpad_input"),
-    "flash_attn.utils": (),
-    "flash_attn.utils.distributed": ("all_gather",),
+    "flash_attn": {},
+    "flash_attn.bert_padding": {
+        "index_first_axis": _index_first_axis,
+        "pad_input": _pad_input,
+        "rearrange": _rearrange,
+        "unpad_input": _unpad_input,
+    },  # fmt: skip
+    "flash_attn.utils": {},
+    "flash_attn.utils.distributed": {"all_gather": None},  # ring attention only
 }
 RING_ATTN = Target("openrlhf.models.ring_attn_utils", "unpad_input", uses=None)
+ACTOR_INIT = Target("openrlhf.models.actor", "Actor.__init__", uses="attn_implementation=attn_impl")
 
 
 def _flash_attn_modules() -> None:
@@ -133,7 +169,7 @@ def _flash_attn_modules() -> None:
 
     def unavailable(name):
         def call(*args, **kwargs):
-            raise RuntimeError(f"{name}: a CPU stand-in of flash-attn (calibrl cpu_standins); packing needs a GPU")
+            raise RuntimeError(f"{name}: a CPU stand-in of flash-attn (calibrl cpu_standins); it needs a GPU")
 
         return call
 
@@ -142,9 +178,20 @@ def _flash_attn_modules() -> None:
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         module.__path__ = []
         module.__calibrl_patch__ = frozenset({TAG})
-        for attr in attrs:
-            setattr(module, attr, unavailable(f"{name}.{attr}"))
+        for attr, impl in attrs.items():
+            setattr(module, attr, impl or unavailable(f"{name}.{attr}"))
         sys.modules.setdefault(name, module)
+
+
+def _sdpa_for_flash(original):
+    def __init__(self, *args, **kwargs):
+        # train_ppo_ray makes packing runs' models flash_attention_2 (L699-704), whose kernels are CUDA's; sdpa takes
+        # the packed sequences from their position ids
+        if kwargs.get("attn_implementation") == "flash_attention_2":
+            kwargs["attn_implementation"] = "sdpa"
+        return original(self, *args, **kwargs)
+
+    return __init__
 
 
 # --- torch.cuda calls on the CPU path
@@ -281,9 +328,15 @@ _BOTH = frozenset({"worker", "vllm"})
 STANDINS: tuple[StandIn, ...] = (
     StandIn(
         RING_ATTN,
-        "flash-attn modules imported at load (ring_attn_utils L3-4); unused without packing",
+        "flash-attn modules imported at load (ring_attn_utils L3-4): its padding helpers in torch, for packing",
         frozenset({"driver", "worker"}),
         _flash_attn_modules,
+    ),  # fmt: skip
+    StandIn(
+        ACTOR_INIT,
+        "packing makes the models flash_attention_2 (train_ppo_ray L699-704), CUDA's kernels: sdpa instead",
+        frozenset({"worker"}),
+        _wrap(ACTOR_INIT, _sdpa_for_flash),
     ),  # fmt: skip
     StandIn(SET_DEVICE, "no CUDA device to select (deepspeed.py L97)", _BOTH, _wrap(SET_DEVICE, _constant(None))),
     StandIn(
@@ -374,7 +427,7 @@ def install_worker() -> list[str]:
     return _install("worker")
 
 
-def vllm_plugin(stamp: dict) -> None:
+def vllm_plugin(stamp: RunStamp) -> None:
     """``OpenRLHFBackend.vllm_plugin``, in every vLLM process of a run (``calibrl.backends.vllm_plugin``): in a
     rehearsal's, install the vLLM-side stand-ins; anywhere else, nothing."""
     if enabled(stamp):
