@@ -12,13 +12,16 @@
 # LOCAL_SLURM_HOLDER (a pid: forgotten once that process is gone; default "manual") and `stop` releases
 # it, stopping the daemons only when no other holder is left. start/stop run under a lock.
 #
-# Debian/Ubuntu, as root (SLURM 22.05 from Debian 12). `start` and `stop` are idempotent. The cluster:
+# Debian/Ubuntu, as root (SLURM 22.05 from Debian 12). `start` and `stop` are idempotent; `start` restarts a
+# cluster whose config is not what this script writes now (unless other holders use it). The cluster:
 # LOCAL_SLURM_NODES nodes, the first named after this host, the others <host>-2, <host>-3, ... (all on this
 # host, one slurmd each on its own port); partition `cpu` (default) is the first node, partition `gpu` all
 # of them. Each node has CPUs = nproc, RealMemory = MemTotal minus headroom (the nodes share both: a test
 # cluster, not a capacity) and LOCAL_SLURM_GPUS stand-in GPUs (gres gpu whose device files are /dev/null:
 # SLURM allocates them per node as on a GPU cluster; nothing can compute on them). Accounting is off (so
-# `sacct` does not work: the profile uses squeue).
+# `sacct` does not work: the profile uses squeue). Tasks are bound to the cores of their step (task/affinity,
+# TaskPluginParam=Cores), as on clusters that bind them: a step of one CPU runs on one core. The nodes share this
+# host's cores, so jobs on different nodes may be bound to the same one.
 #
 # Loopback only: CommunicationParameters=NoCtldInAddrAny,NoInAddrAny make slurmctld, slurmd, slurmstepd
 # and srun bind to the address this host's name resolves to (not to every interface), and `start`
@@ -194,24 +197,13 @@ node_memory_mb() {
     echo $((total_mb - headroom > 256 ? total_mb - headroom : 256))
 }
 
-write_config() {
-    mkdir -p /etc/slurm "$STATE/ctld" "$STATE/spool" "$STATE/log"
-    if [[ -f $CONF ]] && ! grep -qF "$MARK" "$CONF" && [[ ! -f $STATE/slurm.conf.orig ]]; then
-        cp -p "$CONF" "$STATE/slurm.conf.orig" # restored by stop
-        say "saved the existing $CONF to $STATE/slurm.conf.orig (stop restores it)"
-    fi
-    if [[ -f $GRES_CONF ]] && ! grep -qF "$MARK" "$GRES_CONF" && [[ ! -f $STATE/gres.conf.orig ]]; then
-        cp -p "$GRES_CONF" "$STATE/gres.conf.orig"
-        say "saved the existing $GRES_CONF to $STATE/gres.conf.orig (stop restores it)"
-    fi
-    local cpus mem gres="" i
+# slurm.conf as this script writes it now, printed (its first line, the mark, carries the time of writing)
+slurm_conf() {
+    local cpus mem i gres=""
     cpus=${LOCAL_SLURM_CPUS:-$(nproc)}
     mem=$(node_memory_mb)
     ((GPUS > 0)) && gres="Gres=gpu:$GPUS "
-    for n in "${NODES[@]}"; do mkdir -p "$STATE/spool/$n"; done
-    # the nodes are this config's: no state (DRAIN, reasons) carried over from an earlier cluster
-    rm -f "$STATE"/ctld/node_state*
-    cat >"$CONF" <<EOF
+    cat <<EOF
 $MARK ($(date -u +%FT%TZ)); stop restores any previous file.
 # A test cluster on loopback: ${#NODES[@]} node(s) on this host, partition cpu, accounting off.
 ClusterName=local
@@ -223,7 +215,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# Tasks bound to cores (sched_setaffinity) by default, even where Slurm's automatic binding would leave them
+# unbound, as on clusters that set TaskPluginParam or a node's CpuBind: a step's task runs on the cores of its
+# --cpus-per-task, which srun no longer takes from sbatch's since 22.05 (one when not given). With task/none every
+# step ran on all of this host's cores, and no test could see a program pinned to one.
+TaskPlugin=task/affinity
+TaskPluginParam=Cores
 MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
@@ -247,24 +244,54 @@ SlurmdLogFile=$STATE/log/slurmd@%n.log
 $( ((GPUS > 0)) && echo "GresTypes=gpu")
 EOF
     for i in "${!NODES[@]}"; do
-        echo "NodeName=${NODES[i]} NodeAddr=127.0.0.1 NodeHostname=$NODE Port=$((6818 + i)) CPUs=$cpus RealMemory=$mem ${gres}State=UNKNOWN" >>"$CONF"
+        echo "NodeName=${NODES[i]} NodeAddr=127.0.0.1 NodeHostname=$NODE Port=$((6818 + i)) CPUs=$cpus RealMemory=$mem ${gres}State=UNKNOWN"
     done
     # cpu: the first node only, so that jobs run two at a time on this host's cores as before; gpu (the cluster
     # profile's GPU partition name): every node, for multi-node requests
-    echo "PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
-    echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP" >>"$CONF"
-    # Stand-in GPUs: SLURM 22.05 drops file-less GPUs from a node's gres, so each is a device file that is
-    # /dev/null (char 1,3; a plain file where mknod is not allowed, which slurmd logs and still counts).
-    # SLURM allocates them per node and sets CUDA_VISIBLE_DEVICES; no process can use them as GPUs.
-    { echo "$MARK; stop restores any previous file."; } >"$GRES_CONF"
+    echo "PartitionName=cpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP"
+    echo "PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP"
+}
+
+# gres.conf as this script writes it, printed. Stand-in GPUs: SLURM 22.05 drops file-less GPUs from a node's gres,
+# so each is a device file that is /dev/null (char 1,3; a plain file where mknod is not allowed, which slurmd logs
+# and still counts; write_config makes them). SLURM allocates them per node and sets CUDA_VISIBLE_DEVICES; no
+# process can use them as GPUs.
+gres_conf() {
+    echo "$MARK; stop restores any previous file."
+    if ((GPUS > 0)); then echo "Name=gpu File=$STATE/gpu/gpu[0-$((GPUS - 1))]"; fi
+}
+
+# whether slurm.conf and gres.conf are what this script writes now, the time of writing aside: not after a change
+# to this script or to its settings (LOCAL_SLURM_*), nor where the files are not this script's
+config_current() {
+    [[ -f $CONF && -f $GRES_CONF ]] && grep -qF "$MARK" "$CONF" || return 1
+    [[ $(tail -n +2 "$CONF") == "$(slurm_conf | tail -n +2)" && $(cat "$GRES_CONF") == "$(gres_conf)" ]]
+}
+
+write_config() {
+    mkdir -p /etc/slurm "$STATE/ctld" "$STATE/spool" "$STATE/log"
+    if [[ -f $CONF ]] && ! grep -qF "$MARK" "$CONF" && [[ ! -f $STATE/slurm.conf.orig ]]; then
+        cp -p "$CONF" "$STATE/slurm.conf.orig" # restored by stop
+        say "saved the existing $CONF to $STATE/slurm.conf.orig (stop restores it)"
+    fi
+    if [[ -f $GRES_CONF ]] && ! grep -qF "$MARK" "$GRES_CONF" && [[ ! -f $STATE/gres.conf.orig ]]; then
+        cp -p "$GRES_CONF" "$STATE/gres.conf.orig"
+        say "saved the existing $GRES_CONF to $STATE/gres.conf.orig (stop restores it)"
+    fi
+    local i
+    for n in "${NODES[@]}"; do mkdir -p "$STATE/spool/$n"; done
+    # the nodes are this config's: no state (DRAIN, reasons) carried over from an earlier cluster
+    rm -f "$STATE"/ctld/node_state*
+    slurm_conf >"$CONF"
+    gres_conf >"$GRES_CONF"
     if ((GPUS > 0)); then
         rm -rf "$STATE/gpu" && mkdir -p "$STATE/gpu"
         for ((i = 0; i < GPUS; i++)); do
             mknod "$STATE/gpu/gpu$i" c 1 3 2>/dev/null || touch "$STATE/gpu/gpu$i"
         done
-        echo "Name=gpu File=$STATE/gpu/gpu[0-$((GPUS - 1))]" >>"$GRES_CONF"
     fi
-    say "wrote $CONF (nodes ${NODES[*]}: CPUs=$cpus, RealMemory=${mem} MB, GPUs=$GPUS each; partitions cpu, gpu)"
+    say "wrote $CONF (nodes ${NODES[*]}: CPUs=${LOCAL_SLURM_CPUS:-$(nproc)}, RealMemory=$(node_memory_mb) MB," \
+        "GPUs=$GPUS each; partitions cpu, gpu; tasks bound to their CPUs)"
 }
 
 # ---------------------------------------------------------------------------------------- munge
@@ -361,6 +388,19 @@ cmd_start() {
     mkdir -p "$STATE/holders"
     touch "$STATE/holders/$HOLDER"
     install_packages
+    # a cluster running on another config than this script's now (an older script, other LOCAL_SLURM_*): restarted
+    # on this one, unless other holders use it (their jobs would be cancelled)
+    if any_ours && ! config_current; then
+        local others
+        others=$(live_holders | grep -vxF "$HOLDER" | tr '\n' ' ' || true)
+        if [[ -n ${others// /} ]]; then
+            say "warning: $CONF is not what this script writes now, but holder(s) $others- use the running cluster:" \
+                "keeping it (stop --force, then start, to restart it on the new config)"
+        else
+            say "$CONF is not what this script writes now: restarting the SLURM daemons on the new config"
+            stop_slurm
+        fi
+    fi
     if all_ours && [[ $(nodes_up) == up ]]; then
         say "already running (nodes ${NODES[*]}); holders: $(live_holders | tr '\n' ' ')"
         return 0
@@ -411,6 +451,29 @@ stop_daemon() {
     rm -f "$STATE/$name.pid"
 }
 
+# cancel this cluster's jobs, so no slurmstepd or job process outlives slurmd, then stop the SLURM daemons (in
+# reverse start order; munged stays)
+stop_slurm() {
+    if our_pid slurmctld >/dev/null; then
+        local jobs
+        jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)
+        if [[ -n ${jobs// /} ]]; then
+            say "cancelling jobs: $jobs"
+            # shellcheck disable=SC2086
+            scancel $jobs 2>/dev/null || true
+            local i
+            for ((i = 0; i < 100; i++)); do
+                [[ -z $(squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+                sleep 0.1
+            done
+        fi
+    fi
+    local n
+    for ((n = ${#DAEMONS[@]} - 1; n >= 1; n--)); do
+        stop_daemon "${DAEMONS[n]}"
+    done
+}
+
 cmd_stop() {
     [[ $(id -u) == 0 ]] || die "must run as root"
     [[ -d $STATE ]] || {
@@ -427,25 +490,8 @@ cmd_stop() {
         return 0
     fi
     rm -f "$STATE"/holders/*
-    # cancel the jobs of this cluster, so no slurmstepd or job process outlives slurmd
-    if our_pid slurmctld >/dev/null; then
-        local jobs
-        jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)
-        if [[ -n ${jobs// /} ]]; then
-            say "cancelling jobs: $jobs"
-            # shellcheck disable=SC2086
-            scancel $jobs 2>/dev/null || true
-            local i
-            for ((i = 0; i < 100; i++)); do
-                [[ -z $(squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
-                sleep 0.1
-            done
-        fi
-    fi
-    local n
-    for ((n = ${#DAEMONS[@]} - 1; n >= 0; n--)); do
-        stop_daemon "${DAEMONS[n]}"
-    done
+    stop_slurm
+    stop_daemon munged
     if [[ -f $STATE/slurm.conf.orig ]]; then
         cp -p "$STATE/slurm.conf.orig" "$CONF" && rm -f "$STATE/slurm.conf.orig"
         say "restored the previous $CONF"

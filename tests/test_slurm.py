@@ -11,8 +11,10 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -401,3 +403,89 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
     assert placed["paper"] == {"actor, reference, vLLM (colocated)": [8, 8]}, placed
     assert placed["dlc_8b"] == {"actor, reference, vLLM (colocated)": [8]}, placed  # the memory's ranks inside
     assert placed["old"] == {"vLLM": [8], "actor": None}, placed  # 8 of 16 GPUs left for an actor of 16
+
+
+# ------------------------------------------------------------------------------------------ Ray steps' CPUs
+RAY_CLUSTER = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"
+RAY_PROBE = REPO / "src" / "calibrl" / "preflight" / "ray_probe.py"  # run as a file: the Ray venv has no calibrl
+# ray_cluster.sh's COMMAND: a GPU actor (as OpenRLHF's roles) reports the CPUs it may run on and what its SLURM step
+# was given, then the preflight's Ray probe runs (one node, one GPU: its CPU check, no all-reduce).
+AFFINITY = r"""
+import json, os, subprocess, sys
+
+import ray
+
+ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+
+
+@ray.remote(num_gpus=1, num_cpus=1)
+class Where:
+    def report(self):
+        env = os.environ
+        return {"cpus": sorted(os.sched_getaffinity(0)), "node": env.get("SLURMD_NODENAME"),
+                "cpus_per_task": env.get("SLURM_CPUS_PER_TASK"), "step_cpus": env.get("SLURM_CPUS_ON_NODE")}
+
+
+out = {"actor": ray.get(Where.remote().report.remote(), timeout=300), "driver": sorted(os.sched_getaffinity(0))}
+ray.shutdown()
+probe = subprocess.run([sys.executable, sys.argv[2], "1", "1"], capture_output=True, text=True, timeout=600)
+out["probe"] = {"rc": probe.returncode, "out": probe.stdout, "err": probe.stderr[-4000:]}
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def ray_job_on_the_whole_node(tmp_path: Path, name: str, *command: str, **extra_env: str) -> tuple[int, str, int]:
+    """ray_cluster.sh run as the SLURM executor runs a rule, in its `srun -n1 --cpus-per-task=N` step, inside a
+    job of all N CPUs of partition cpu's node and one stand-in GPU: the job's exit status, its log, and N."""
+    cpus = int(run(["sinfo", "-h", "-p", "cpu", "-o", "%c"]).stdout.split()[0])
+    if cpus < 2 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a node of 2 CPUs or more: one CPU is all a pinned step gets anyway")
+    python = ray_python()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_", "SBATCH_", "RAY_"))}
+    env.update(RAY_BIN=str(python.parent / "ray"), RAY_PYTHON=str(python), RAY_GPUS_PER_NODE="1",
+               RAY_AUTH_DIR=str(tmp_path / f"ray-auth-{name}"), RAY_JOIN_TIMEOUT="180", **extra_env)  # fmt: skip
+    step = ["srun", "-n1", "--cpu-bind=q", f"--cpus-per-task={cpus}", "--nodes=1"]  # the plugin's wrapper
+    wrap = " ".join(map(shlex.quote, [*step, "bash", str(RAY_CLUSTER), str(python), *command]))
+    log = tmp_path / f"{name}.log"
+    sbatch = ["sbatch", "--wait", "-p", "cpu", "--gres=gpu:1", f"--cpus-per-task={cpus}", "--mem=3000", "-t", "10"]
+    proc = run([*sbatch, "-o", str(log), "--wrap", wrap], timeout=480, env=env)
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return proc.returncode, f"{proc.stdout}\n{proc.stderr}\n{text}", cpus
+
+
+def test_ray_steps_get_all_the_jobs_cpus_on_their_node(local_slurm, tmp_path):
+    """The local SLURM binds tasks to cores (scripts/local_slurm.sh: task/affinity, TaskPluginParam=Cores), as
+    clusters that bind or fence tasks do. A job of all N CPUs of a node runs ray_cluster.sh inside the executor's
+    step: the Ray step is given the job's N CPUs (--cpus-per-task, read from the controller) and not pinned inside
+    them (--cpu-bind=none), so a GPU actor may run on all N; without that it ran on one core (srun's default of one
+    CPU per task, Slurm >= 22.05), with raylet, every other actor, the vLLM engines and the grading pools. The
+    preflight's Ray probe passes and says so; with the Ray step pinned to one core (RAY_SRUN_ARGS, which overrides
+    the script's options) it fails, naming what it saw and the fix."""
+    conf = run(["scontrol", "show", "config"]).stdout
+    binds = re.search(r"^TaskPlugin\s*=.*task/affinity", conf, re.M) and re.search(
+        r"^TaskPluginParam\s*=.*\bcores\b", conf, re.M | re.I
+    )
+    assert binds, "the local SLURM does not bind tasks to cores (an older config?): local_slurm.sh stop --force; start"
+    (tmp_path / "affinity.py").write_text(AFFINITY)
+    result = tmp_path / "result.json"
+    rc, log, cpus = ray_job_on_the_whole_node(
+        tmp_path, "whole", str(tmp_path / "affinity.py"), str(result), str(RAY_PROBE)
+    )
+    assert rc == 0 and result.exists(), log[-6000:]
+    out = json.loads(result.read_text())
+    actor = out["actor"]
+    assert len(actor["cpus"]) >= cpus, (out, log[-3000:])  # one core before the fix
+    assert actor["cpus_per_task"] == str(cpus) and actor["node"] == socket.gethostname().split(".")[0], actor
+    assert len(out["driver"]) == cpus  # the executor's own step: its N cores
+    probe = out["probe"]
+    assert probe["rc"] == 0, probe
+    assert f"; one GPU: no all-reduce to run; each GPU actor may run on {len(actor['cpus'])} CPU(s)" in probe["out"]
+    assert f"(the job has {cpus} on its node)" in probe["out"], probe
+
+    # the Ray step pinned to one core: the probe fails, naming it
+    rc, log, _ = ray_job_on_the_whole_node(
+        tmp_path, "pinned", str(RAY_PROBE), "1", "1", RAY_SRUN_ARGS="--gres=gpu:1 --cpus-per-task=1 --cpu-bind=cores"
+    )
+    assert rc != 0, log[-4000:]
+    assert f"a GPU actor on {socket.gethostname().split('.')[0]} may run on 1 CPU(s)" in log, log[-4000:]
+    assert f"the job has {cpus} there" in log and "RAY_SRUN_ARGS" in log and "--cpu-bind=none" in log, log[-4000:]

@@ -40,12 +40,21 @@
 #
 # SLURM steps: this script runs inside the executor's own job step (snakemake-executor-plugin-slurm runs a
 # rule as `srun -n1 ... snakemake` on the first node of the allocation). Every Ray node, the head included, is
-# one step of its own, `srun --overlap --nodes=1 --ntasks=1 -w NODE --gres=gpu:N bash -c ... ray start --block`,
-# launched with the SLURM_* variables of the enclosing step removed (as the plugin itself does for its own
-# srun): the step's task count, CPU binding and GPU request must not leak into the Ray step, which asks for
-# the node's GPUs itself, and --overlap lets it start even where the enclosing step holds the node's CPUs or
-# GPUs. So the Ray processes get the GPUs whatever the executor's step was given, and the same works from a
-# plain sbatch script (no enclosing step). Only COMMAND, the Ray driver, which needs no GPU, runs here.
+# one step of its own, `srun --overlap --nodes=1 --ntasks=1 -w NODE --cpus-per-task=C --cpu-bind=none --mem=0
+# --gres=gpu:N bash -c ... ray start --block`, launched with the SLURM_* variables of the enclosing step removed
+# (as the plugin itself does for its own srun): the step's task count, CPU binding and GPU request must not leak
+# into the Ray step, which asks for the node's GPUs itself, and --overlap lets it start even where the enclosing
+# step holds the node's CPUs, memory or GPUs. So the Ray processes get the GPUs whatever the executor's step was
+# given, and the same works from a plain sbatch script (no enclosing step). Only COMMAND, the Ray driver, which
+# needs no GPU, runs here.
+# CPUs: the Ray step asks for all the job's CPUs on its node (C: `scontrol show job -d`, else
+# SLURM_JOB_CPUS_PER_NODE). Since Slurm 22.05 srun takes no --cpus-per-task from sbatch (and the plugin's goes with
+# SLURM_*), so its one task would get one CPU, and where tasks are bound by default (TaskPluginParam=cores, a
+# node's CpuBind; task/affinity, which Slurm recommends stacking with task/cgroup) raylet, every actor, the vLLM
+# engines and the grading pools would share one core. Ray's processes are not MPI ranks to pin: --cpu-bind=none
+# leaves them every CPU of the step (a cgroup still fences them to the job's; with task/affinity alone they may
+# also use the node's other CPUs). --mem=0: all the job's memory on the node (srun(1): zero for a step), not a
+# default the site may set for steps.
 #
 # Settings (environment):
 #   RAY_PORT            GCS port of the head (0: a free one, picked by the GCS)
@@ -54,7 +63,8 @@
 #   RAY_CPUS_PER_NODE   CPUs Ray announces per node (SLURM_CPUS_ON_NODE, else Ray's own count); at least the
 #                       GPUs per node
 #   RAY_JOIN_TIMEOUT    seconds to wait for every node to join (300)
-#   RAY_SRUN_ARGS       extra srun options for the Ray steps (default: --gres=gpu:N when N GPUs per node)
+#   RAY_SRUN_ARGS       extra srun options for the Ray steps (default: --gres=gpu:N when N GPUs per node), after
+#                       the script's own --cpus-per-task, --cpu-bind and --mem, which a repeated option overrides
 #   RAY_START_ARGS      extra `ray start` options for every node, after this script's (the last of a repeated
 #                       option wins), e.g. "--min-worker-port=20000 --max-worker-port=29999" behind a firewall
 #   RAY_AUTH_DIR        where the per-cluster token directory is made ($HOME/.calibrl/ray); on a multi-node
@@ -225,6 +235,50 @@ make_token() {
     unset RAY_AUTH_TOKEN   # it would take precedence over the file (an inherited, possibly shared, value)
 }
 
+# The job's CPUs on each of its nodes (NODE_CPUS[node]), for the Ray steps (see the header). From the controller
+# (`scontrol show job -d`: "Nodes=<nodes> CPU_IDs=<ids> ..." per group of nodes), as the nodes are: inside the
+# executor's step the environment may describe that step. Else SLURM_JOB_CPUS_PER_NODE (e.g. "16(x2),8", in node
+# order) where it covers every node; else unknown (the step then gets srun's default, with a warning).
+declare -A NODE_CPUS=()
+count_ids() {  # count_ids 0-3,8,10-11: how many CPU ids the list names
+    local part n=0 IFS=,
+    for part in $1; do
+        if [[ $part == *-* ]]; then n=$((n + ${part#*-} - ${part%-*} + 1)); else n=$((n + 1)); fi
+    done
+    echo "$n"
+}
+job_cpus() {
+    local nodes ids node n i
+    local -a parts=() per_node=()
+    while read -r nodes ids; do
+        n=$(count_ids "$ids")
+        for node in $(scontrol show hostnames "$nodes" 2>/dev/null); do
+            NODE_CPUS[$node]=$n
+        done
+    done < <(scontrol show job -d "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Nodes=\([^ ]*\) CPU_IDs=\([0-9,-]*\) .*/\1 \2/p')
+    for node in "${NODES[@]}"; do
+        if [ -z "${NODE_CPUS[$node]:-}" ]; then
+            NODE_CPUS=()
+            break
+        fi
+    done
+    if [ "${#NODE_CPUS[@]}" -gt 0 ]; then
+        return 0
+    fi
+    IFS=, read -r -a parts <<< "${SLURM_JOB_CPUS_PER_NODE:-}"
+    for n in "${parts[@]}"; do
+        [[ $n =~ ^([0-9]+)(\(x([0-9]+)\))?$ ]] || return 0
+        for ((i = 0; i < ${BASH_REMATCH[3]:-1}; i++)); do
+            per_node+=("${BASH_REMATCH[1]}")
+        done
+    done
+    if [ "${#per_node[@]}" -eq "${#NODES[@]}" ]; then
+        for i in "${!NODES[@]}"; do
+            NODE_CPUS[${NODES[i]}]=${per_node[i]}
+        done
+    fi
+}
+
 # --------------------------------------------------------------------------------------------- topology
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     # The allocation's nodes, from the controller: inside the executor's job step (srun -n1, one node) the
@@ -255,17 +309,19 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
         addr=${addr#NodeAddr=}
         HEAD_PEERS[i]=${addr:-${HEAD_PEERS[i]}}
     done
+    job_cpus
 else
     NODES=(127.0.0.1)   # no allocation: a one-node cluster on this host
     HEAD=127.0.0.1
     HEAD_PEERS=(127.0.0.1)
 fi
 
-# srun for one Ray step on one node, outside the enclosing step's settings (see the header).
+# srun for one Ray step on one node, outside the enclosing step's settings, with all the job's CPUs and memory
+# there (see the header).
 step() {  # always in a subshell (&, $(...)): exec makes the pid the one of srun itself
     local node=$1
     shift
-    local -a clean=()
+    local -a clean=() own=(--cpu-bind=none --mem=0)
     local var
     for var in $(compgen -e); do
         case $var in
@@ -273,7 +329,13 @@ step() {  # always in a subshell (&, $(...)): exec makes the pid the one of srun
             SLURM_* | SRUN_* | SBATCH_*) clean+=(-u "$var") ;;
         esac
     done
-    exec env "${clean[@]}" srun --overlap --nodes=1 --ntasks=1 -w "$node" "${EXTRA[@]}" "$@"
+    if [ -n "${NODE_CPUS[$node]:-}" ]; then
+        own=(--cpus-per-task="${NODE_CPUS[$node]}" "${own[@]}")
+    else
+        echo "ray_cluster.sh: job $SLURM_JOB_ID's CPUs on $node are unknown (scontrol show job -d," \
+            "SLURM_JOB_CPUS_PER_NODE): its Ray step gets srun's default CPUs (RAY_SRUN_ARGS=--cpus-per-task=N sets them)" >&2
+    fi
+    exec env "${clean[@]}" srun --overlap --nodes=1 --ntasks=1 -w "$node" "${own[@]}" "${EXTRA[@]}" "$@"
 }
 
 NODE_CODE="HERE=$(printf %q "$HERE"); $(declare -f node_ip private_dir ray_node); ray_node \"\$@\""
