@@ -37,21 +37,29 @@ def test_each_kind_of_training_run_of_a_shape_gets_one_canary_with_the_runs_own_
         assert {k: v for k, v in c["settings"].items() if k not in ("run", "train")} == {
             k: v for k, v in real.items() if k not in ("run", "train")
         }
-    # the preflight job waits for the canary's data and models
-    assert set(PF.inputs(PAPER, "n1-gpu8")) == {p for c in one for p in c["inputs"].values()}
+    # the preflight job waits for the data and models of every run the canary may pick (the DAG cannot size models)
+    assert set(PF.inputs(PAPER, "n1-gpu8")) >= {p for c in one for p in c["inputs"].values()}
+    assert "models/qwen3-14b/hub.json" not in PF.inputs(PAPER, "n1-gpu8")
     # evaluation-only shapes train nothing
     engines_only = copy.deepcopy(PAPER)
     engines_only["grid"]["eval"]["data_parallel_size"] = 4
     assert PF.params(engines_only, "n1-gpu4")["canary"] == [] and PF.inputs(engines_only, "n1-gpu4") == []
 
 
-def test_the_canary_runs_last_and_is_waivable_by_name():
+def test_the_canary_runs_last_and_is_waivable_by_name(tmp_path):
+    """Waived, the canary is not run (the one check that costs a training run), and its shape's preflight needs no
+    training data."""
     assert list(PF.all_checks("openrlhf"))[-1] == "canary"
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["preflight"]["waive"] = ["canary"]
     from calibrl.config import problems
 
     assert problems(cfg) == []
+    assert PF.params(cfg, "n1-gpu8")["canary"] == [] and PF.inputs(cfg, "n1-gpu8") == []
+    p = {"shape": "n1-gpu8", "backend": "openrlhf", "checks": ["canary"], "waive": ["canary"], "canary": [{}]}
+    assert PF.run_checks(p) == [
+        {"check": "canary", "status": "waived", "detail": "not run (grid.preflight.waive)", "fix": "", "seconds": 0.0}
+    ]
     cfg["grid"]["preflight"]["canary"] = {"max_new_tokens": 0}
     assert [k for k, _ in problems(cfg)] == ["grid.preflight.canary.max_new_tokens"]
 

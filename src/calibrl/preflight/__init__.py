@@ -44,6 +44,7 @@ CHECKS = {
 }
 BACKEND_BEFORE = "vllm"  # a backend's checks (its stack) run before the engines and Ray, which need that stack
 BACKEND_LAST = ("canary",)  # ... except a training canary, which needs all of it and takes longest
+NOT_RUN_WAIVED = ("canary",)  # a waived check still runs and is reported, except a training run
 
 
 def all_checks(trainer: str) -> dict:
@@ -97,7 +98,7 @@ def params(config: dict, shape: str) -> dict:
         "waive": list(grid["preflight"]["waive"]),
         "models": models,
         "engines": engines(config, shape),
-        "canary": canaries(config, shape) if "train" in entry["jobs"] else [],
+        "canary": canaries(config, shape) if _canary_runs(config, entry) else [],
         "workers": int(grid["workers"]),
         "results": str(Path(config["results"]).resolve()),
         "disk_gb": round(P.totals(*P.plan(config))["disk_gb"], 1),
@@ -198,10 +199,29 @@ def canaries(config: dict, shape: str) -> list[dict]:
 
 
 def inputs(config: dict, shape: str) -> list[str]:
-    """The files the preflight job of ``shape`` reads beyond the models: the canary's training data."""
-    if shape not in shapes(config) or "train" not in shapes(config)[shape]["jobs"]:
+    """The files the preflight job of ``shape`` reads beyond the models: the inputs of every run the canary may
+    train (which one it picks needs the downloaded models' sizes: the job's params, not the DAG, know them)."""
+    entry = shapes(config).get(shape)
+    if entry is None or not _canary_runs(config, entry):
         return []
-    return sorted({path for c in canaries(config, shape) for path in c["inputs"].values()})
+    found = {
+        path
+        for run, spec in G.run_specs(config)
+        if not spec.filters and shape_name(G.request(config, run)) == shape
+        for path in G.inputs(config, run).values()
+    }
+    return sorted(found)
+
+
+def _canary_runs(config: dict, entry: dict) -> bool:
+    """Whether the canary trains on a shape: its jobs train, its backend has the check, and it is not waived (a
+    waived canary is not run: it is the one check that costs a training run)."""
+    grid = config["grid"]
+    return (
+        "train" in entry["jobs"]
+        and "canary" in all_checks(grid["trainer"])
+        and "canary" not in grid["preflight"]["waive"]
+    )
 
 
 def _hf_id(config: dict, model: str) -> str:
@@ -214,6 +234,11 @@ def run_checks(p: dict) -> list[dict]:
     for name in p["checks"]:
         check, _ = known[name]
         start = time.monotonic()
+        if name in NOT_RUN_WAIVED and name in p["waive"]:
+            out.append({"check": name, "status": "waived", "detail": "not run (grid.preflight.waive)", "fix": "",
+                        "seconds": 0.0})  # fmt: skip
+            log.info("%-10s %-6s not run", name, "waived")
+            continue
         try:
             row = {"check": name, "status": "pass", "detail": check(p), "fix": ""}
         except C.Failed as f:
