@@ -19,6 +19,7 @@ from calibrl import backends, checkpoints
 from calibrl import grid as G
 from calibrl.algo.advantages import ESTIMATORS, estimator
 from calibrl.backends.jobs import metrics_job, train_job
+from calibrl.checkpoints import RunStamp
 from calibrl.data import countdown
 from calibrl.data.records import write_jsonl
 from calibrl.models import build_model, build_tokenizer, save
@@ -88,8 +89,8 @@ def test_a_registered_estimator_trains_a_micro_run_through_the_cpu_backend(tmp_p
 
     try:
         cfg, settings = _micro_run(tmp_path, {"estimator": "test_leave_none_out", "iac_alpha": 1.0})
-        stamp = json.loads(settings.read_text())
-        assert stamp["settings"]["method"]["estimator"] == "test_leave_none_out"
+        stamp = RunStamp.read(settings)
+        assert stamp.method.estimator == "test_leave_none_out"
         steps = cfg["grid"]["train"]["steps"]
         marker = settings.parent / "ckpt" / f"segment_{steps}.done"
         train_job(str(settings), steps, str(marker))
@@ -97,9 +98,9 @@ def test_a_registered_estimator_trains_a_micro_run_through_the_cpu_backend(tmp_p
         ESTIMATORS.unregister("test_leave_none_out")
     assert len(CALLS) == steps and all(shape[-1] == cfg["grid"]["train"]["group_size"] for shape in CALLS)
     done = json.loads(marker.read_text())
-    assert done == {"end": steps, "steps": G.eval_steps(cfg), "fingerprint": stamp["fingerprint"]}
+    assert done == {"end": steps, "steps": G.eval_steps(cfg), "fingerprint": stamp.fingerprint}
     for step in done["steps"]:
-        assert checkpoints.check_marker(settings.parent / "ckpt" / f"step_{step}.done", stamp["fingerprint"])
+        assert checkpoints.check_marker(settings.parent / "ckpt" / f"step_{step}.done", stamp.fingerprint)
     metrics_job(str(settings), str(settings.parent / "metrics.jsonl"))
     lines = (settings.parent / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, steps + 1))
@@ -110,14 +111,12 @@ def test_weight_decay_is_a_setting_both_backends_apply(tmp_path):
     trainer and in OpenRLHF's command line alike (it used to be 0 on CPU and 0.01 in OpenRLHF, silently); its scope
     is tests/test_openrlhf.py's business."""
     from calibrl.backends.local.trainer import Trainer
-    from calibrl.spec import MethodSpec, TrainSettings
 
     cfg, settings = _micro_run(tmp_path, {"estimator": "grpo"})
-    stamp = json.loads(settings.read_text())
-    assert stamp["settings"]["train"]["weight_decay"] == 0.01 == cfg["grid"]["train"]["weight_decay"]
-    s = stamp["settings"]
-    trainer = Trainer(MethodSpec.from_dict(s["method"]), TrainSettings.from_config({**s["train"], "steps": 1}), [],
-                      stamp["paths"]["init"], tmp_path / "run", lambda t, r: [], seed=0)  # fmt: skip
+    stamp = RunStamp.read(settings)
+    assert stamp.train["weight_decay"] == 0.01 == cfg["grid"]["train"]["weight_decay"]
+    trainer = Trainer(stamp.method, stamp.train_settings(steps=1), [], stamp.paths["init"], tmp_path / "run",
+                      lambda t, r: [], seed=0)  # fmt: skip
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01
     paper = filled("paper")
     paper["grid"]["train"]["weight_decay"] = 0.05
@@ -125,18 +124,17 @@ def test_weight_decay_is_a_setting_both_backends_apply(tmp_path):
 
     from calibrl.backends.openrlhf.command import build_command
 
-    paper_stamp = json.loads(paper_settings(paper, G.Run("qwen3-8b", "grpo", 0), tmp_path / "p").read_text())
+    paper_stamp = RunStamp.read(paper_settings(paper, G.Run("qwen3-8b", "grpo", 0), tmp_path / "p"))
     argv = build_command(paper_stamp, tmp_path / "p", tmp_path / "p.jsonl", 40000)
     assert argv[argv.index("--actor.adam.weight_decay") + 1] == "0.05"
 
 
 FROZEN = '''"""A throwaway backend (tests/test_backends.py): its policy never moves (each checkpoint is the start)."""
 
-import json
 import shutil
 from pathlib import Path
 
-from calibrl.checkpoints import write_marker
+from calibrl.checkpoints import RunStamp, write_marker
 from calibrl.io import write_json
 from calibrl.models import build_model, build_tokenizer, save
 from calibrl.runs import checkpoint_steps
@@ -176,12 +174,12 @@ class FrozenBackend:
         write_json(info_path, {"model": params["model"], "path": str(Path(model_dir).resolve())})
 
     def train(self, settings_path, stop_at, threads, workers):
-        stamp = json.loads(Path(settings_path).read_text())
+        stamp = RunStamp.read(settings_path)
         ckpt = Path(settings_path).parent / "ckpt"
-        for step in checkpoint_steps(stamp["settings"]["train"]["eval_every"], stop_at):
+        for step in checkpoint_steps(stamp.train["eval_every"], stop_at):
             policy = ckpt / f"step_{step}" / "policy"
             if not policy.is_dir():
-                shutil.copytree(stamp["paths"]["init"], policy)
+                shutil.copytree(stamp.paths["init"], policy)
             write_marker(ckpt / f"step_{step}.done", step, policy)
         (Path(settings_path).parent / "metrics.jsonl").write_text("")
 
@@ -244,8 +242,7 @@ def test_a_new_backend_is_one_folder(tmp_path):
     assert (
         out["splits"] and (work / cfg["results"] / "runs" / "qwen3-tiny-m" / "grpo" / "s0" / "settings.json").exists()
     )
-    settings = json.loads((work / cfg["results"] / "runs/qwen3-tiny-m/grpo/s0/settings.json").read_text())
-    assert settings["settings"]["backend"] == "frozen"
+    assert RunStamp.read(work / cfg["results"] / "runs/qwen3-tiny-m/grpo/s0/settings.json").backend == "frozen"
     lint = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=REPO, env=env, capture_output=True,
                           text=True)  # fmt: skip
     assert lint.returncode == 0 and "4 kept, 0 broken" in lint.stdout, lint.stdout[-3000:]
@@ -406,14 +403,14 @@ def test_the_vllm_plugin_hands_a_runs_vllm_processes_to_its_backend(tmp_path, mo
 
     installed = []
     monkeypatch.setattr(cpu_standins, "_install", installed.append)
-    monkeypatch.delenv("CALIBRL_SETTINGS", raising=False)
+    monkeypatch.delenv(checkpoints.SETTINGS_ENV, raising=False)
     vllm_plugin.plugin()
     for rehearsal in (False, True):
         path = tmp_path / f"{rehearsal}.json"
-        path.write_text(json.dumps({"settings": {"backend": "openrlhf"}, "resources": {"cpu_rehearsal": rehearsal}}))
-        monkeypatch.setenv("CALIBRL_SETTINGS", str(path))
+        RunStamp.build({"backend": "openrlhf"}, {}, resources={"cpu_rehearsal": rehearsal}).write(path)
+        monkeypatch.setenv(checkpoints.SETTINGS_ENV, str(path))
         vllm_plugin.plugin()
     assert installed == ["vllm"]
-    path.write_text(json.dumps({"settings": {"backend": "nonesuch"}, "resources": None}))
+    RunStamp.build({"backend": "nonesuch"}, {}).write(path)  # the same file, rewritten: read again
     with pytest.raises(ValueError, match="unknown trainer 'nonesuch'"):
         vllm_plugin.plugin()

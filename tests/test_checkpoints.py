@@ -1,6 +1,8 @@
 """The run folder's rules (calibrl.checkpoints, calibrl.grid, calibrl.runs): one writer, checkpoints stamped with
 the settings that made them, and markers that carry that stamp to evaluation."""
 
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -13,7 +15,8 @@ from conftest import filled
 
 from calibrl import checkpoints
 from calibrl import grid as G
-from calibrl.checkpoints import changed_keys, fingerprint
+from calibrl.checkpoints import RunStamp, changed_keys, fingerprint
+from calibrl.io import write_json
 from calibrl.runs import marker_of
 
 CONFIG = filled("config")
@@ -82,6 +85,103 @@ def test_fingerprint_is_stable_and_ignores_key_order():
     b = {"seed": 0, "train": {"steps": 100, "lr": 1e-3}}
     assert fingerprint(a) == fingerprint(b) and len(fingerprint(a)) == 16
     assert fingerprint({**a, "seed": 1}) != fingerprint(a)
+
+
+# ------------------------------------------------------------------------------------------- the typed stamp
+def _old_stamp(settings: dict, inputs: dict, paths: dict | None = None, resources: dict | None = None) -> dict:
+    """settings.json's content as calibrl.checkpoints made it before the stamp had a type (its fingerprint and stamp
+    functions, verbatim): the typed stamp must write these bytes, or every run would retrain."""
+    identity = {"settings": settings, "inputs": inputs}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return {"fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16], **identity, "paths": paths or {},
+            "resources": resources}  # fmt: skip
+
+
+SHIPPED = ["config", "paper", "rehearsal", "cluster_smoke"]  # config/*.yaml that are whole configs
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_typed_stamp_writes_every_shipped_runs_settings_file_byte_for_byte(name, tmp_path):
+    """Rerun identity: for every run of every shipped config, RunStamp writes the settings.json the untyped stamp
+    wrote (same bytes, same fingerprint), and reading it back gives the same stamp and the same bytes again."""
+    config = filled(name)
+    for run in G.runs(config):
+        settings, resources = G.train_params(config, run), G.resources(config, run)
+        inputs = G.inputs(config, run)
+        digests = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in inputs.items()}
+        paths = {k: f"/abs/{v}" for k, v in inputs.items()}
+        old, new = tmp_path / "old.json", tmp_path / "new.json"
+        write_json(old, _old_stamp(settings, digests, paths, resources))
+        stamp = RunStamp.build(settings, digests, paths, resources)
+        stamp.write(new)
+        assert new.read_bytes() == old.read_bytes(), run
+        assert (
+            stamp.fingerprint
+            == json.loads(old.read_text())["fingerprint"]
+            == fingerprint({"settings": settings, "inputs": digests})
+        )
+        assert checkpoints.stamp(settings, digests, paths, resources) == json.loads(old.read_text())
+        back = RunStamp.read(old)
+        assert back == stamp and back.path == old.resolve() and back.method == G.method(config, run.method)
+        back.write(new)
+        assert new.read_bytes() == old.read_bytes(), run
+
+
+def test_the_fingerprint_of_a_given_stamp_never_changes():
+    """The hash itself is pinned (computed by the untyped code): a change to it retrains every run everywhere."""
+    settings = {"run": "qwen3-8b/iac/s3", "backend": "openrlhf", "seed": 3, "memory": None,
+                "method": {"iac_alpha": 1.0, "dlc_mu": 0.5}, "template": "{problem}\n√",
+                "train": {"lr": 1e-6, "steps": 2000, "clip": [0.2, 0.28]}}  # fmt: skip
+    inputs = {"train": "ab12", "init": None}
+    stamp = RunStamp.build(settings, inputs, {"train": "/data/train.jsonl"}, {"nodes": 2})
+    assert stamp.fingerprint == _old_stamp(settings, inputs)["fingerprint"] == "fca715a71ba89b36"
+
+
+def test_settings_job_writes_what_it_always_wrote(tmp_path):
+    """Rule run_settings' job, on real files: the bytes the untyped stamp gave for the same digests and paths."""
+    config = filled("config")
+    run = G.runs(config)[0]
+    (tmp_path / "train.jsonl").write_text('{"id": "q0"}\n')
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "config.json").write_text("{}")
+    (tmp_path / "init.json").write_text(json.dumps({"path": str(tmp_path / "init")}))
+    inputs = {"train": str(tmp_path / "train.jsonl"), "init": str(tmp_path / "init.json")}
+    out = tmp_path / "run" / "settings.json"
+    checkpoints.settings_job(G.train_params(config, run), G.resources(config, run), str(out), inputs)
+    paths = {"train": str(tmp_path / "train.jsonl"), "init": str(tmp_path / "init"), "init_info": inputs["init"]}
+    digests = {"train": checkpoints.digest(paths["train"]), "init": checkpoints.digest(paths["init"])}
+    old = _old_stamp(G.train_params(config, run), digests, paths, G.resources(config, run))
+    write_json(tmp_path / "old.json", old)
+    assert out.read_bytes() == (tmp_path / "old.json").read_bytes()
+    stamp = RunStamp.read(out)
+    assert stamp.fingerprint == old["fingerprint"] and stamp.run == run.path and stamp.run_dir == out.parent.resolve()
+    assert stamp.train_settings(steps=7).steps == 7 and stamp.method == G.method(config, run.method)
+
+
+def test_a_stamp_is_read_once_per_process_and_file_version_and_is_read_only(tmp_path):
+    path = tmp_path / "settings.json"
+    RunStamp.build({"run": "m/grpo/s0", "seed": 0, "train": {"lr": [0.1]}}, {}).write(path)
+    first = RunStamp.read(path)
+    assert RunStamp.read(str(path)) is first and RunStamp.read(tmp_path / "." / "settings.json") is first
+    assert first.resources is None and first.paths == {}  # a hand-made stamp: no layout, no input files
+    with pytest.raises(ValueError, match="settings.json: no compiled method"):
+        assert first.method  # parsed only where a reader asks for it
+    with pytest.raises(TypeError, match="read-only"):
+        first.settings["seed"] = 1
+    with pytest.raises(TypeError, match="read-only"):
+        first.train["lr"].append(0.2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.fingerprint = "x"
+    copy = first.to_dict()
+    copy["settings"]["seed"] = 1  # a copy is plain and the caller's
+    assert first.seed == 0 and json.loads(json.dumps(first.settings)) == first.to_dict()["settings"]
+    RunStamp.build({"run": "m/grpo/s0", "seed": 1}, {}).write(path)  # rewritten (rule run_settings reran)
+    again = RunStamp.read(path)
+    assert again is not first and again.seed == 1 and again.fingerprint != first.fingerprint
+    with pytest.raises(ValueError, match="not a run's settings.json.*no 'inputs'"):
+        RunStamp.from_dict({"fingerprint": "x", "settings": {}})
+    assert RunStamp.from_env({}) is None
+    assert RunStamp.from_env({checkpoints.SETTINGS_ENV: str(path)}) is again
 
 
 def test_claim_keeps_matching_checkpoints_and_sets_aside_others(tmp_path, caplog):

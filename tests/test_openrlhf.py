@@ -32,10 +32,12 @@ import pytest
 import torch
 from conftest import filled, paper_settings
 
+from calibrl import checkpoints
 from calibrl import grid as G
 from calibrl.algo.advantages import iac
 from calibrl.backends.openrlhf import command, hook, launch, loss_norm, save_cadence, steps
 from calibrl.backends.openrlhf import iac as iac_patch
+from calibrl.checkpoints import SETTINGS_ENV, RunStamp
 from calibrl.gpu import RAY_CLUSTER, patching
 
 HAVE_OPENRLHF = importlib.util.find_spec("openrlhf") is not None
@@ -64,10 +66,15 @@ def paper_config(**train) -> dict:
     return cfg
 
 
-def parsed(config: dict, run: G.Run, tmp: Path, rows: int | None = None) -> tuple[dict, SimpleNamespace]:
+def patches_of(settings: Path) -> list[hook.Patch]:
+    """The setup hook's patches for the run of ``settings`` (its settings.json), as a Ray worker reads them."""
+    return hook.patches(RunStamp.read(settings))
+
+
+def parsed(config: dict, run: G.Run, tmp: Path, rows: int | None = None) -> tuple[RunStamp, SimpleNamespace]:
     """(settings.json, OpenRLHF's parsed args) of ``run`` as the launcher builds and checks its command."""
     settings = paper_settings(config, run, tmp)
-    stamp = json.loads(settings.read_text())
+    stamp = RunStamp.read(settings)
     size = rows if rows is not None else (30236 if G.method(config, run.method).filters else 40315)
     argv = command.build_command(stamp, settings.parent, tmp / "prompts.jsonl", size)
     return stamp, command.check_openrlhf_argv(argv)
@@ -311,7 +318,7 @@ def test_iac_alpha_zero_is_bit_identical(openrlhf_modules, tmp_path, estimator):
     plain = mods.original(maker, copy.deepcopy(exps))
     for name in ("grpo", "rloo", "rpp", "drgrpo", "dapo"):
         settings = paper_settings(PAPER, G.Run("qwen3-8b", name, 0), tmp_path / name)
-        assert not any(p.name.startswith("IAC") for p in hook.patches(settings)), name
+        assert not any(p.name.startswith("IAC") for p in patches_of(settings)), name
     assert mods.em.RemoteExperienceMaker.compute_advantages_and_returns is mods.original
     out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
     for a, b in zip(out, plain):
@@ -503,15 +510,15 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
         "dapo_iac_dlc": ["IAC (alpha 1)", "DLC (mu 0.5)"],
     }  # fmt: skip
     for run in RUNS:
-        got = [p.name for p in hook.patches(paper_settings(PAPER, run, tmp_path / run.path))]
+        got = [p.name for p in patches_of(paper_settings(PAPER, run, tmp_path / run.path))]
         # layouts' ds_save_steps 10 (evaluated every 50); decay scope all
         always = ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps",
                   "weight decay on every parameter"]  # fmt: skip
         assert got == [*always, *expected[run.method]], run
     scoped = paper_config(weight_decay_scope="no_bias_norm")  # OpenRLHF's own: no patch
-    got = [p.name for p in hook.patches(paper_settings(scoped, G.Run("qwen3-8b", "grpo", 0), tmp_path / "nb"))]
+    got = [p.name for p in patches_of(paper_settings(scoped, G.Run("qwen3-8b", "grpo", 0), tmp_path / "nb"))]
     assert got == ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps"]
-    (cadence,) = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "c"))
+    (cadence,) = [p for p in patches_of(paper_settings(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "c"))
                   if p.name.startswith("DeepSpeed's")]  # fmt: skip
     assert cadence.install.func is save_cadence.install and cadence.install.args == (50,)
     _, args = parsed(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "a")
@@ -519,16 +526,16 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     cfg = copy.deepcopy(PAPER)
     cfg["grid"]["methods"]["iac"]["iac_alpha"] = 0.75
     settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path / "x")
-    (iac_install,) = [p.install for p in hook.patches(settings) if p.name.startswith("IAC")]
+    (iac_install,) = [p.install for p in patches_of(settings) if p.name.startswith("IAC")]
     assert iac_install.func is iac_patch.install and iac_install.args == (0.75,)
-    dlc_patch = [p for p in hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path))][-1]
+    dlc_patch = [p for p in patches_of(paper_settings(PAPER, G.Run("qwen3-8b", "dapo_iac_dlc", 0), tmp_path))][-1]
     memory_dir, mu, lr, decay, layout = dlc_patch.install.args  # the memory's folder, mu, lr, decay, the layout
     assert (memory_dir, mu, lr, decay) == (str(tmp_path / "memory"), 0.5, 1e-6, (0.01, "all"))
     assert layout["colocate_all"] and layout["max_tokens_per_gpu"] == 9216  # the memory's ranks colocated
     env = launch.runtime_env(settings)
     assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
-    assert env["env_vars"][hook.ENV] == str(settings.resolve())
-    assert not [k for k in env["env_vars"] if k.startswith("CALIBRL_") and k != hook.ENV]
+    assert env["env_vars"][SETTINGS_ENV] == str(settings.resolve())
+    assert not [k for k in env["env_vars"] if k.startswith("CALIBRL_") and k != SETTINGS_ENV]
 
 
 # ----------------------------------------------------------------------------- (b) command lines
@@ -541,8 +548,9 @@ def test_every_paper_run_parses_with_openrlhfs_parser(run, tmp_path):
     stamp, args = parsed(PAPER, run, tmp_path)
     estimators = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
     assert args.algo.advantage.estimator == estimators[method.estimator]
-    assert stamp["settings"]["method"] == method.to_dict()  # IAC's alpha, DLC's mu: read by the setup hook
-    assert args.actor.model_name_or_path == stamp["paths"]["init"]  # the downloaded folder, never a Hub id
+    assert stamp.method == method  # IAC's alpha, DLC's mu: read by the setup hook
+    assert stamp.settings["method"] == method.to_dict()
+    assert args.actor.model_name_or_path == stamp.paths["init"]  # the downloaded folder, never a Hub id
     # batch: 64 prompts x 8 samples, then 4 optimizer steps (ppo_minibatches) of 16 prompts' 128 samples, lr 1e-6
     assert (args.rollout.batch_size, args.rollout.n_samples_per_prompt) == (64, 8)
     assert args.train.batch_size == 128 and args.train.max_epochs == 1
@@ -595,7 +603,7 @@ def test_command_arithmetic_and_errors(tmp_path):
             "['drgrpo', 'grpo', 'rloo', 'rpp'])") in problems(raw)  # fmt: skip
     settings = paper_settings(raw, G.Run("qwen3-8b", "grpo", 0), tmp_path / "m")
     with pytest.raises(ValueError, match="has no OpenRLHF estimator"):
-        command.build_command(json.loads(settings.read_text()), tmp_path, tmp_path / "p.jsonl", 40000)
+        command.build_command(RunStamp.read(settings), tmp_path, tmp_path / "p.jsonl", 40000)
 
 
 def test_over_long_prompts_are_dropped_counted_and_left_out_of_the_episode_arithmetic(tmp_path, caplog):
@@ -633,7 +641,7 @@ def test_over_long_prompts_are_dropped_counted_and_left_out_of_the_episode_arith
     assert "45 of 100 prompts have more than grid.train.max_prompt_len = 24 tokens" in caplog.text
     # the launcher counts the file's rows: OpenRLHF's prefix and passes are those of the 55 prompts left (3 steps
     # of 16 a pass: 2 passes for 4 steps)
-    argv = launch.openrlhf_argv(settings)
+    argv = launch.openrlhf_argv(RunStamp.read(settings))
     assert argv[argv.index("--data.max_samples") + 1] == "55" and argv[argv.index("--train.num_episodes") + 1] == "2"
     assert argv[argv.index("--data.max_len") + 1] == str(24 + cfg["grid"]["train"]["max_new_tokens"])
     # a limit every prompt fits: none dropped, the count (0) recorded all the same
@@ -646,7 +654,7 @@ def _load_reward(monkeypatch, tmp_path: Path, method: str = "grpo", workers: str
     """The reward file as OpenRLHF loads it (utils/agent.py L200-205), in a rollout actor of a paper run of
     ``method``: the launcher's variables name the run's settings.json and the grading pool's size (None: unset)."""
     settings = paper_settings(PAPER, G.Run("qwen3-8b", method, 0), tmp_path / method)
-    monkeypatch.setenv(hook.ENV, str(settings))
+    monkeypatch.setenv(SETTINGS_ENV, str(settings))
     if workers is None:
         monkeypatch.delenv("CALIBRL_REWARD_WORKERS", raising=False)
     else:
@@ -722,7 +730,7 @@ def test_reward_file_refuses_to_load_without_its_run(monkeypatch, tmp_path):
         _load_reward(monkeypatch, tmp_path, "grpo", workers=None)
     with pytest.raises(RuntimeError, match="CALIBRL_REWARD_WORKERS='two'"):
         _load_reward(monkeypatch, tmp_path, "grpo", workers="two")
-    monkeypatch.delenv(hook.ENV)
+    monkeypatch.delenv(SETTINGS_ENV)
     spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
     with pytest.raises(RuntimeError, match="CALIBRL_SETTINGS is not set"):
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
@@ -753,15 +761,15 @@ def test_grid_workers_reach_the_reward_files_pool_and_rerun_nothing(monkeypatch,
     assert seen["env"]["CALIBRL_REWARD_WORKERS"] == "7" and seen["argv"][-2:] == [str(settings), "50"]
     monkeypatch.setenv("CALIBRL_REWARD_WORKERS", seen["env"]["CALIBRL_REWARD_WORKERS"])  # the launcher's process
     env = launch.runtime_env(settings)["env_vars"]
-    assert env["CALIBRL_REWARD_WORKERS"] == "7" and env[hook.ENV] == str(settings.resolve())
-    monkeypatch.setenv(hook.ENV, env[hook.ENV])  # a rollout actor's environment
+    assert env["CALIBRL_REWARD_WORKERS"] == "7" and env[SETTINGS_ENV] == str(settings.resolve())
+    monkeypatch.setenv(SETTINGS_ENV, env[SETTINGS_ENV])  # a rollout actor's environment
     spec = importlib.util.spec_from_file_location("reward_func", PKG / "reward.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.RUN == module.RunReward("signed", 7, 5.0)
     from calibrl.gpu import reward as shared
 
-    assert shared.SETTINGS_ENV == hook.ENV
+    assert shared.SETTINGS_ENV is SETTINGS_ENV  # one constant names the variable (calibrl.checkpoints)
 
 
 # -------------------------------------------------------------------------------------- (d) markers
@@ -821,7 +829,9 @@ def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monke
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     monkeypatch.setattr(launch.runpy, "run_module", fake_run_module)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    checkpoints._read_stamp.cache_clear()
     assert launch.main([str(settings), "100"]) == 0
+    assert checkpoints._read_stamp.cache_info().misses == 1  # the driver parses the run's settings.json once
     env = calls["init"]["runtime_env"]
     assert calls["init"]["address"] == "10.0.0.1:6379"
     assert env["worker_process_setup_hook"] == "calibrl.backends.openrlhf.hook.setup"
@@ -946,9 +956,9 @@ def test_dr_grpo_normaliser_inside_openrlhfs_policy_loss(openrlhf_modules, monke
 
     from calibrl.algo.losses import aggregate
 
-    names = {r.method: [p.name for p in hook.patches(paper_settings(PAPER, r, tmp_path / r.path))] for r in RUNS}
+    names = {r.method: [p.name for p in patches_of(paper_settings(PAPER, r, tmp_path / r.path))] for r in RUNS}
     assert "Dr. GRPO's normaliser" in names["drgrpo"] and "Dr. GRPO's normaliser" not in names["grpo"]
-    patches = hook.patches(paper_settings(PAPER, G.Run("qwen3-8b", "drgrpo", 0), tmp_path))
+    patches = patches_of(paper_settings(PAPER, G.Run("qwen3-8b", "drgrpo", 0), tmp_path))
     drgrpo = [p for p in patches if "Dr" in p.name]
     assert drgrpo[0].install.args == (8192,)  # grid.train.max_new_tokens, read from settings.json
 

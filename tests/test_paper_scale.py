@@ -17,6 +17,7 @@ from conftest import filled, paper_settings
 from calibrl import grid as G
 from calibrl.algo import filtering
 from calibrl.backends.openrlhf import data
+from calibrl.checkpoints import RunStamp
 from calibrl.evaluate.vllm import collect_grades, engine_kwargs, queue, request_seed, summarise
 from calibrl.grading import Grade
 from calibrl.spec import EvalSettings
@@ -91,7 +92,8 @@ def test_paper_runs_reach_openrlhfs_parser_with_rendered_prompts(method, tmp_pat
     template = PAPER["grid"]["prompt_template"]
     assert prepared[0]["prompt"] == queue({"x": prepared[:1]}, template, _chat_tokenizer())[0].prompt
     assert prepared[0]["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    args = command.check_openrlhf_argv(command.build_command(stamp, tmp_path / "run", prompts, rows))
+    run_stamp = RunStamp.from_dict(stamp)  # the content data.prepare read, typed as the launcher reads it
+    args = command.check_openrlhf_argv(command.build_command(run_stamp, tmp_path / "run", prompts, rows))
     # OpenRLHF takes the rendered field as it is: no second template; the downloaded folder, never a Hub id
     assert args.data.input_key == "prompt" and not args.data.apply_chat_template and not args.data.input_template
     assert args.data.prompt_dataset == [str(prompts)] or args.data.prompt_dataset == str(prompts)

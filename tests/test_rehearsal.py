@@ -119,13 +119,14 @@ def test_the_rehearsal_command_is_the_papers_less_what_a_cpu_cannot_do(tmp_path)
     from conftest import paper_settings
 
     from calibrl.backends.openrlhf.command import build_command
+    from calibrl.checkpoints import RunStamp
 
     cfg = filled(CONFIG)
     dropped = {flag for flag, _, _ in cpu_standins.COMMAND_DIFFERENCES}
     added = [flag for flag, _, _ in cpu_standins.COMMAND_ADDITIONS]
     for method in cfg["grid"]["methods"]:
         run_ = G.Run(MODEL, method, 0)
-        stamp = json.loads(paper_settings(cfg, run_, tmp_path / method).read_text())
+        stamp = RunStamp.read(paper_settings(cfg, run_, tmp_path / method))
         assert cpu_standins.enabled(stamp)
         paper = build_command(stamp, tmp_path, tmp_path / "p.jsonl", 64)
         ours = cpu_standins.cpu_argv(paper)
@@ -305,27 +306,38 @@ def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path
 
 
 # ------------------------------------------------------------------------------------ the training canary
-SHAPE = "n1-gpu1"  # the rehearsal's one request shape: every training layout and the evaluation engines
+def _training_shapes() -> dict[str, set[str]]:
+    """The rehearsal's training request shapes (one GPU; DLC's layout two) and the canary kinds each trains."""
+    from calibrl import preflight as PF
+
+    cfg = filled(rehearsed())
+    out: dict[str, set[str]] = {}
+    for r, spec in G.run_specs(cfg):
+        if not spec.filters:
+            out.setdefault(PF.shape_name(G.request(cfg, r)), set()).add(PF.canary_kind(spec))
+    return out
 
 
 def test_the_preflight_trains_each_kind_of_run_as_a_canary_first(rehearsal):
-    """The preflight's last check trained each kind of run of the shape (plain, DAPO, DLC among the rehearsed
-    methods) 2 steps, saved, and resumed for a third, through the training job's own path, before any GPU job."""
+    """The preflight's last check trained each kind of run of its shape (plain, DAPO, DLC among the rehearsed
+    methods) 2 steps, saved, and resumed for a third, through the training job's own path, before any GPU job; the DLC
+    kind with 2 ranks a role."""
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
-    report = json.loads((work / RESULTS / "preflight" / f"{SHAPE}.json").read_text())
-    row = next(r for r in report["checks"] if r["check"] == "canary")
-    assert row["status"] == "pass", row
-    kinds = {"dlc" if m.get("dlc_mu") else "dapo" if m.get("dapo") else "plain"
-             for k, m in rehearsed()["grid"]["methods"].items() if not m.get("filter_easiest")}  # fmt: skip
-    for kind in kinds:
-        assert f"canary {kind} (as {MODEL}/" in row["detail"] and "steps 1-3 in 2 launches" in row["detail"], row
-        run_dir = work / RESULTS / "preflight" / "canary" / SHAPE / kind
-        logs = [(run_dir / f"segment_{end}.log").read_text() for end in (2, 3)]
-        assert "Global step 2:" in logs[0] and "Global step 3:" not in logs[0]
-        assert "Global step 3:" in logs[1] and "Global step 2:" not in logs[1]  # resumed from step 2
-    if "dlc" in kinds:
-        assert "divergence" in row["detail"] and "memory loss logged" in row["detail"]
+    shapes = _training_shapes()
+    assert shapes.get("n1-gpu2") == {"dlc"} or "dapo_iac_dlc" not in METHODS, shapes
+    for shape, kinds in shapes.items():
+        report = json.loads((work / RESULTS / "preflight" / f"{shape}.json").read_text())
+        row = next(r for r in report["checks"] if r["check"] == "canary")
+        assert row["status"] == "pass", row
+        for kind in kinds:
+            assert f"canary {kind} (as {MODEL}/" in row["detail"] and "steps 1-3 in 2 launches" in row["detail"], row
+            run_dir = work / RESULTS / "preflight" / "canary" / shape / kind
+            logs = [(run_dir / f"segment_{end}.log").read_text() for end in (2, 3)]
+            assert "Global step 2:" in logs[0] and "Global step 3:" not in logs[0]
+            assert "Global step 3:" in logs[1] and "Global step 2:" not in logs[1]  # resumed from step 2
+        if "dlc" in kinds:
+            assert "divergence" in row["detail"] and "memory loss logged" in row["detail"]
 
 
 @pytest.mark.skipif("dapo_iac_dlc" not in METHODS, reason="the DLC run is not rehearsed")
@@ -336,23 +348,24 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
     assert proc.returncode == 0, proc.stderr[-6000:]
     from calibrl import preflight as PF
 
+    (shape,) = [shape for shape, kinds in _training_shapes().items() if "dlc" in kinds]
     monkeypatch.chdir(work)  # the config's folders are relative to the workflow's
-    p = PF.params(filled(rehearsed()), SHAPE)
+    p = PF.params(filled(rehearsed()), shape)
     p = {**p, "checks": ["canary"], "canary": [c for c in p["canary"] if c["kind"] == "dlc"]}
     (tmp_path / "p.json").write_text(json.dumps(p))
     out = tmp_path / "preflight.json"
     job = "import json, sys; from calibrl import preflight as P; P.preflight_job(json.load(open(sys.argv[1])), "
     job += "sys.argv[2])"
     python = VLLM_VENV / "bin" / "python"
-    env = {**_env(tmp_path, f"preflight-canary/{SHAPE}/dlc:mid_step:1"), "CALIBRL_REWARD_WORKERS": "1",
+    env = {**_env(tmp_path, f"preflight-canary/{shape}/dlc:mid_step:1"), "CALIBRL_REWARD_WORKERS": "1",
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     failed = run([str(python), "-c", job, str(tmp_path / "p.json"), str(out)], cwd=work, timeout=900, env=env)
     text = failed.stdout + failed.stderr
     assert failed.returncode != 0 and not out.exists(), text[-4000:]
     row = json.loads(Path(f"{out}.failed.json").read_text())["checks"][0]
     assert row["check"] == "canary" and row["status"] == "fail", row
-    log = work / RESULTS / "preflight" / "canary" / SHAPE / "dlc" / "segment_2.log"
+    log = work / RESULTS / "preflight" / "canary" / shape / "dlc" / "segment_2.log"
     assert f"canary dlc (as {MODEL}/dapo_iac_dlc/s0): training to step 2 failed" in row["detail"], row
     assert str(log) in row["detail"] and row["fix"], row
     assert (log.parent / "rehearsal_faults" / "mid_step-1").is_file()  # the fault fired in its first step
-    assert "preflight SHAPE: 1 of 1 checks failed".replace("SHAPE", SHAPE) in text
+    assert f"preflight {shape}: 1 of 1 checks failed" in text

@@ -18,6 +18,10 @@ the ``step_{k}.done`` markers Snakemake tracks), ``metrics.jsonl`` and the evalu
 * every marker names that fingerprint (:func:`write_marker`), and evaluation refuses a checkpoint whose
   fingerprint is not the run's current one (:func:`check_marker`), so a stale checkpoint is never
   evaluated as if it were current.
+
+The stamp is typed: :class:`RunStamp`, whose :meth:`RunStamp.read` is the one reader of a ``settings.json`` (once
+per process and file) and whose :meth:`RunStamp.to_dict` is what :func:`settings_job` writes, byte for byte the
+file it always wrote. A backend's processes find the file through one variable, :data:`SETTINGS_ENV`.
 """
 
 from __future__ import annotations
@@ -32,10 +36,14 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Any
 
 from calibrl.io import write_json
+from calibrl.spec import MethodSpec, TrainSettings
 
 log = logging.getLogger("calibrl.checkpoints")
 
@@ -43,6 +51,9 @@ STAMP = "fingerprint.json"
 LOCK = ".lock"
 # What stays when a run's old work is moved aside: Snakemake's files (the run's settings, the evaluations).
 KEEP = {"eval", "stale", "settings.json", LOCK}
+SETTINGS_ENV = "CALIBRL_SETTINGS"
+"""The variable that names a run's settings.json in the processes a backend's training starts (Ray's workers, vLLM's
+engines, the reward file): a backend's launcher sets it, :meth:`RunStamp.from_env` reads it."""
 
 
 class RunLocked(RuntimeError):
@@ -136,30 +147,206 @@ def changed_keys(old, new, prefix: str = "") -> list[str]:
     return [] if old == new else [prefix.rstrip(".") or "(all)"]
 
 
+# ----------------------------------------------------------------------------------------------- the stamp
+class _ReadOnlyDict(dict):
+    """A JSON object of a stamp: a dict to ``json.dumps``, ``isinstance`` and ``==``, that refuses changes (one stamp
+    read serves every reader of a process). A copy (``dict(x)``, ``{**x}``, ``copy``, pickle) is a plain dict."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a run's stamp is read-only: change a copy (RunStamp.to_dict)")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+class _ReadOnlyList(list):
+    """A JSON array of a stamp (:class:`_ReadOnlyDict`'s counterpart)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a run's stamp is read-only: change a copy (RunStamp.to_dict)")
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse  # type: ignore
+
+    def __reduce__(self):
+        return list, (list(self),)
+
+
+def _frozen(value):
+    if isinstance(value, Mapping):
+        return _ReadOnlyDict((k, _frozen(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return _ReadOnlyList(_frozen(v) for v in value)
+    return value
+
+
+def _thawed(value):
+    if isinstance(value, Mapping):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thawed(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RunStamp:
+    """A run's ``settings.json``, typed: the one way the package reads it (:meth:`read`) and writes it
+    (:meth:`to_dict`, :meth:`write`).
+
+    ``fingerprint`` is the hash of ``settings`` and ``inputs`` (the run's identity); ``paths`` and ``resources`` sit
+    beside them, outside it. :attr:`method` and :attr:`train` are ``settings``' compiled method (parsed once, when
+    first asked for) and shared training settings. Its mappings are read-only: one stamp read serves a process."""
+
+    fingerprint: str
+    settings: Mapping[str, Any]  # calibrl.grid.train_params: run, backend, model, memory, method, seed, train, ...
+    inputs: Mapping[str, str | None]  # name -> digest of each file the run trains from
+    paths: Mapping[str, str]  # name -> absolute path of each input (a model's folder), and of a model's info file
+    resources: Mapping[str, Any] | None  # the backend's layout (calibrl.grid.resources); None for a CPU backend
+    path: Path | None = field(default=None, compare=False)  # the settings.json it was read from (resolved)
+
+    def __post_init__(self) -> None:
+        for name in ("settings", "inputs", "paths", "resources"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+    def __hash__(self) -> int:  # equal stamps have one fingerprint (their mappings are no keys)
+        return hash(self.fingerprint)
+
+    # -------------------------------------------------------------------------------------------- making one
+    @classmethod
+    def build(cls, settings: dict, inputs: dict, paths: dict | None = None, resources: dict | None = None) -> RunStamp:
+        """A new run's stamp: its identity, the settings slice (``calibrl.grid.train_params``) and ``inputs`` (name
+        -> digest of each file it reads), with the fingerprint of both; and beside it, outside the fingerprint,
+        ``paths`` (name -> absolute path of each input; a model's folder) and ``resources`` (the backend's
+        layout)."""
+        return cls(fingerprint({"settings": settings, "inputs": inputs}), settings, inputs, paths or {}, resources)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], path: str | Path | None = None) -> RunStamp:
+        """The stamp of a settings.json's content (read from ``path``, if from a file)."""
+        try:
+            return cls(
+                data["fingerprint"], data["settings"], data["inputs"], data["paths"], data["resources"],
+                None if path is None else Path(path),
+            )  # fmt: skip
+        except KeyError as exc:
+            where = f"{path}: " if path is not None else ""
+            raise ValueError(f"{where}not a run's settings.json (calibrl.checkpoints.RunStamp): no {exc}") from None
+
+    @classmethod
+    def of(cls, stamp: RunStamp | Mapping[str, Any]) -> RunStamp:
+        """``stamp`` as a :class:`RunStamp`: itself, or the stamp of a settings.json's content."""
+        return stamp if isinstance(stamp, RunStamp) else cls.from_dict(stamp)
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunStamp:
+        """The run's stamp in the settings.json at ``path``: the one reader of the file. Read once per process for
+        each version of the file (by its resolved path, inode, size and modification time)."""
+        resolved = Path(path).resolve()
+        st = resolved.stat()
+        return _read_stamp(str(resolved), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> RunStamp | None:
+        """The stamp of the run whose settings.json :data:`SETTINGS_ENV` names in ``environ``; None where it is
+        unset (a process of no run)."""
+        path = environ.get(SETTINGS_ENV)
+        return cls.read(path) if path else None
+
+    # ------------------------------------------------------------------------------------------- reading one
+    @cached_property
+    def method(self) -> MethodSpec:
+        """The run's compiled method (``settings.method``, ``calibrl.spec.compile_method``'s), parsed once."""
+        if self.settings.get("method") is None:
+            raise ValueError(f"{self._where()}no compiled method (settings.method): not a training run's stamp")
+        return MethodSpec.from_dict(self.settings["method"])
+
+    @property
+    def train(self) -> Mapping[str, Any]:
+        """The shared training settings (``settings.train``: ``calibrl.spec.TrainSettings``' fields, less ``steps``
+        for a backend whose longer runs resume shorter ones); typed: :meth:`train_settings`."""
+        return self.settings["train"]
+
+    @property
+    def run(self) -> str:
+        """The run's path, ``{model}/{method}/s{seed}`` (``calibrl.runs.Run.path``)."""
+        return self.settings["run"]
+
+    @property
+    def backend(self) -> str:
+        """The trainer that trains it (``grid.trainer``: a ``calibrl.backends`` name)."""
+        return self.settings["backend"]
+
+    @property
+    def seed(self) -> int:
+        return self.settings["seed"]
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder: where its settings.json is."""
+        if self.path is None:
+            raise ValueError(f"the stamp of {self.settings.get('run')} was not read from a file: it has no folder")
+        return self.path.parent
+
+    def train_settings(self, steps: int | None = None) -> TrainSettings:
+        """:attr:`train` typed, with ``steps`` set where given (a backend whose longer runs resume shorter ones has
+        no ``steps`` in its settings: the segment's end is the job's)."""
+        return TrainSettings.from_config(self.train if steps is None else {**self.train, "steps": steps})
+
+    def _where(self) -> str:
+        return f"{self.path}: " if self.path is not None else ""
+
+    # ------------------------------------------------------------------------------------------- writing one
+    def to_dict(self) -> dict:
+        """The settings.json's content, plain (a new copy): what :func:`settings_job` writes, byte for byte as
+        before the stamp had a type (``calibrl.io.write_json``)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "settings": _thawed(self.settings),
+            "inputs": _thawed(self.inputs),
+            "paths": _thawed(self.paths),
+            "resources": _thawed(self.resources),
+        }
+
+    def write(self, path: str | Path) -> None:
+        """Write it (atomically) as a settings.json, or the copy :func:`claim` keeps in ``ckpt/``."""
+        write_json(path, self.to_dict())
+
+
+@lru_cache(maxsize=64)
+def _read_stamp(resolved: str, version: tuple) -> RunStamp:
+    """:meth:`RunStamp.read`'s cache: one parse per file version (``version``) and process."""
+    return RunStamp.from_dict(json.loads(Path(resolved).read_text(encoding="utf-8")), resolved)
+
+
 def stamp(settings: dict, inputs: dict, paths: dict | None = None, resources: dict | None = None) -> dict:
-    """A run's ``settings.json``: its identity, the settings slice (``calibrl.grid.train_params``) and ``inputs``
-    (name -> digest of each file it reads), with the fingerprint of both; and beside it, outside the fingerprint,
-    ``paths`` (name -> absolute path of each input; a model's folder) and ``resources`` (the backend's layout)."""
-    identity = {"settings": settings, "inputs": inputs}
-    return {"fingerprint": fingerprint(identity), **identity, "paths": paths or {}, "resources": resources}
+    """A run's ``settings.json`` content (:meth:`RunStamp.build`, as a plain dict)."""
+    return RunStamp.build(settings, inputs, paths, resources).to_dict()
 
 
 def read_stamp(path: str | Path) -> dict:
-    """A run's ``settings.json``."""
-    return json.loads(Path(path).read_text())
+    """A run's ``settings.json`` content as a plain dict (:meth:`RunStamp.read`'s :meth:`RunStamp.to_dict`), for
+    a reader that has not moved to :class:`RunStamp` yet."""
+    return RunStamp.read(path).to_dict()
 
 
-def claim(run_dir: str | Path, new: dict) -> bool:
-    """Make the run folder safe to resume under the :func:`stamp` ``new``. Returns True when its existing
+def claim(run_dir: str | Path, new: RunStamp | dict) -> bool:
+    """Make the run folder safe to resume under the stamp ``new``. Returns True when its existing
     checkpoints were made with exactly these settings and inputs and may be resumed; otherwise moves them
     aside (with the metrics they produced), stamps ``ckpt/`` for the new ones and returns False. Call it while
     holding :func:`run_lock`."""
     run = Path(run_dir)
     ckpt = run / "ckpt"
-    settings, inputs = new["settings"], new["inputs"]
+    new = RunStamp.of(new)
+    settings, inputs = new.settings, new.inputs
     old = _read(ckpt / STAMP)
     leftovers = [p for p in run.iterdir() if p.name not in KEEP and _holds_files(p)] if run.is_dir() else []
-    if old is not None and old.get("fingerprint") == new["fingerprint"]:
+    if old is not None and old.get("fingerprint") == new.fingerprint:
         return True
     if leftovers:
         if old is None:
@@ -181,7 +368,7 @@ def claim(run_dir: str | Path, new: dict) -> bool:
             os.replace(p, aside / p.name)
         log.warning("%s: not resuming its checkpoints, %s; moved them to %s and training from scratch", run, why, aside)
     ckpt.mkdir(parents=True, exist_ok=True)
-    write_json(ckpt / STAMP, new)
+    new.write(ckpt / STAMP)
     return False
 
 
@@ -193,8 +380,8 @@ def date_settings(settings_path: str | Path) -> None:
     training again on every invocation."""
     settings_path = Path(settings_path)
     ckpt_stamp = settings_path.parent / "ckpt" / STAMP
-    old, new = _read(ckpt_stamp), _read(settings_path)
-    if old is not None and new is not None and old.get("fingerprint") == new.get("fingerprint"):
+    old = _read(ckpt_stamp)  # the copy claim() kept: of any version, or none
+    if old is not None and old.get("fingerprint") == RunStamp.read(settings_path).fingerprint:
         when = ckpt_stamp.stat().st_mtime
         os.utime(settings_path, (when, when))
 
@@ -260,7 +447,7 @@ def settings_job(settings: dict, resources: dict | None, out_path: str, inputs: 
     digests = {name: digest(path) for name, path in paths.items()}
     # where each model's info file is (a download's names its lock: the job checks the folder against it)
     paths |= {f"{name}_info": str(Path(path).resolve()) for name, path in inputs.items() if name in MODEL_INPUTS}
-    new = stamp(settings, digests, paths, resources)
-    log.info("%s: fingerprint %s", settings["run"], new["fingerprint"])
-    write_json(out_path, new)
+    new = RunStamp.build(settings, digests, paths, resources)
+    log.info("%s: fingerprint %s", new.run, new.fingerprint)
+    new.write(out_path)
     date_settings(out_path)

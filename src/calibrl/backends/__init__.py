@@ -5,7 +5,7 @@ The workflow asks a backend what a run needs before any job (its input files, it
 the config keys it refuses, its layout's schema, the modules the local job server preloads for it), the cluster
 planner what a run costs (``train_cost``) and the preflight what its training nodes must pass beyond the common
 checks (``preflight_checks``) and which vLLM engine its training starts (``rollout_engine``). Its jobs hand it a
-run's ``settings.json`` (``calibrl.checkpoints.stamp``: the compiled method, the settings, the input files), the
+run's ``settings.json`` (``calibrl.checkpoints.RunStamp``: the compiled method, the settings, the input files), the
 segment's end and the job's resources; ``calibrl.backends.jobs`` holds the jobs the rules call, and
 ``calibrl.backends.vllm_plugin`` the vLLM plugin entry point that hands a run's vLLM processes to its backend.
 What GPU backends share (DLC's vLLM model and memory trainer, Ray on SLURM, the reward's grading) is
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Protocol
 
+from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
@@ -82,7 +83,7 @@ class Backend(Protocol):
         """The checks its training nodes need beyond the preflight's common ones (``calibrl.preflight``), by name:
         each takes the preflight job's params and returns what it saw or raises :class:`CheckFailed`."""
 
-    def vllm_plugin(self, stamp: dict) -> None:
+    def vllm_plugin(self, stamp: RunStamp) -> None:
         """Called in every process vLLM starts for a run of this backend (``stamp``: its settings.json), through
         ``calibrl.backends.vllm_plugin``: what those processes need installed."""
 

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from calibrl import backends, checkpoints
+from calibrl.checkpoints import RunStamp
 from calibrl.io import write_json
 from calibrl.runs import checkpoint_steps
 
@@ -22,20 +23,19 @@ def train_job(settings_path: str, stop_at: int, marker: str, threads: int = 1, w
     """Train the run of ``settings_path`` up to step ``stop_at`` under the run's lock, resuming from its last
     checkpoint when that was made with the same settings and inputs (``calibrl.checkpoints.claim``), then write
     ``marker`` (JSON: the segment's end, its checkpoints' steps, the fingerprint) that evaluations wait for."""
-    stamp = checkpoints.read_stamp(settings_path)
+    stamp = RunStamp.read(settings_path)
     run_dir = Path(settings_path).parent
-    backend = backends.get(stamp["settings"]["backend"])
+    backend = backends.get(stamp.backend)
     with checkpoints.run_lock(run_dir):
         checkpoints.claim(run_dir, stamp)
         backend.train(str(settings_path), int(stop_at), threads, workers)
-    steps = checkpoint_steps(stamp["settings"]["train"]["eval_every"], stop_at)
-    write_json(marker, {"end": int(stop_at), "steps": steps, "fingerprint": stamp["fingerprint"]})
+    steps = checkpoint_steps(stamp.train["eval_every"], stop_at)
+    write_json(marker, {"end": int(stop_at), "steps": steps, "fingerprint": stamp.fingerprint})
 
 
 def metrics_job(settings_path: str, out_path: str) -> None:
     """The run's training metrics as ``metrics.jsonl`` once its last segment has trained (rule train_metrics)."""
-    stamp = checkpoints.read_stamp(settings_path)
-    backends.get(stamp["settings"]["backend"]).metrics(str(Path(settings_path).parent), out_path)
+    backends.get(RunStamp.read(settings_path).backend).metrics(str(Path(settings_path).parent), out_path)
 
 
 def evaluate_job(
@@ -55,7 +55,7 @@ def evaluate_job(
 
     release = None
     if retention and retention["remove_evaluated"]:
-        backend = backends.get(checkpoints.read_stamp(settings_path)["settings"]["backend"])
+        backend = backends.get(RunStamp.read(settings_path).backend)
         keep = list(retention["keep_steps"])
 
         def release(policy: str, step: int) -> bool:

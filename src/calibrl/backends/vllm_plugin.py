@@ -6,16 +6,11 @@ evaluator's engines, it does nothing. DLC's composite model registers through an
 
 from __future__ import annotations
 
-import os
-
-from calibrl import backends, checkpoints
-
-SETTINGS_ENV = "CALIBRL_SETTINGS"
+from calibrl import backends
+from calibrl.checkpoints import RunStamp
 
 
 def plugin() -> None:
-    path = os.environ.get(SETTINGS_ENV)
-    if not path:
-        return
-    stamp = checkpoints.read_stamp(path)
-    backends.get(stamp["settings"]["backend"]).vllm_plugin(stamp)
+    stamp = RunStamp.from_env()  # checkpoints.SETTINGS_ENV
+    if stamp is not None:
+        backends.get(stamp.backend).vllm_plugin(stamp)

@@ -10,7 +10,6 @@ queries). :func:`evaluate_job` is what rule evaluate (and a training job that ev
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -101,8 +100,8 @@ def evaluate_job(
     backend's ``release`` under ``grid.retention``)."""
     if not len(markers) == len(out_paths) == len(steps):
         raise ValueError(f"{len(markers)} markers, {len(out_paths)} outputs and {len(steps)} steps")
-    stamp = json.loads(Path(settings_path).read_text())
-    ckpts = [checkpoints.check_marker(m, stamp["fingerprint"]) for m in markers]  # all, before any work
+    stamp = checkpoints.RunStamp.read(settings_path)
+    ckpts = [checkpoints.check_marker(m, stamp.fingerprint) for m in markers]  # all, before any work
     for ckpt in ckpts:
         if not Path(ckpt["policy"]).is_dir():
             raise FileNotFoundError(
@@ -110,12 +109,11 @@ def evaluate_job(
                 "(grid.retention.remove_evaluated) or by hand. To evaluate it again, add its step to "
                 "grid.retention.keep_steps and retrain the run (snakemake --forcerun train)."
             )
-    run = stamp["settings"]
     items = [
         ({"step": step, "policy": c["policy"], "fingerprint": c["fingerprint"]}, out)
         for c, out, step in zip(ckpts, out_paths, steps)
     ]
-    _evaluate(params, run["seed"], run.get("plan"), items, split_paths, threads, workers, release)
+    _evaluate(params, stamp.seed, stamp.settings.get("plan"), items, split_paths, threads, workers, release)
 
 
 def evaluate_base_job(

@@ -2,9 +2,9 @@
 the scale of the run's compiled method, graded in batches by a pool shared by a process's threads.
 
 ``run_reward`` reads what grading needs of a run: its method's reward scale (``calibrl.spec.MethodSpec.reward``, from
-the run's ``settings.json``, ``CALIBRL_SETTINGS``), the pool's size (``CALIBRL_REWARD_WORKERS``, the run's
-``grid.workers``) and math-verify's per-call timeout in seconds (``CALIBRL_REWARD_TIMEOUT``, default 5); it raises,
-naming what is missing, rather than grading on a guess.
+the run's ``settings.json``, ``CALIBRL_SETTINGS``, read as a ``calibrl.checkpoints.RunStamp``), the pool's size
+(``CALIBRL_REWARD_WORKERS``, the run's ``grid.workers``) and math-verify's per-call timeout in seconds
+(``CALIBRL_REWARD_TIMEOUT``, default 5); it raises, naming what is missing, rather than grading on a guess.
 
 Threads cannot use math-verify's ``signal.alarm`` timeouts, so a :class:`BatchGrader` grades in a
 ``calibrl.grading.Grader`` process pool (``grade_one`` in worker processes, whose main threads have the timeouts; a
@@ -15,20 +15,18 @@ the pool's workers stay busy. With 0 workers it grades in the calling thread, wi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
 from concurrent.futures import Future
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from calibrl.algo.dapo import outcome_reward
+from calibrl.checkpoints import SETTINGS_ENV, RunStamp
 from calibrl.grading import Grade, Grader, grade_one
 
-SETTINGS_ENV = "CALIBRL_SETTINGS"  # the run's settings.json, which a backend's launcher passes to every worker
 WORKERS_ENV = "CALIBRL_REWARD_WORKERS"
 TIMEOUT_ENV = "CALIBRL_REWARD_TIMEOUT"
 
@@ -44,8 +42,6 @@ class RunReward(NamedTuple):
 def run_reward(environ=os.environ) -> RunReward:
     """The run's :class:`RunReward`, from its settings.json (``CALIBRL_SETTINGS``) and ``CALIBRL_REWARD_WORKERS``;
     raises, naming what is missing, rather than grading on a guess."""
-    from calibrl.spec import MethodSpec
-
     path, workers = environ.get(SETTINGS_ENV), environ.get(WORKERS_ENV)
     if not path:
         raise RuntimeError(
@@ -57,8 +53,7 @@ def run_reward(environ=os.environ) -> RunReward:
             f"{WORKERS_ENV}={workers!r}: the reward's grading pool needs the run's grid.workers (an integer "
             ">= 0), which the backend's training job sets"
         )
-    spec = MethodSpec.from_dict(json.loads(Path(path).read_text())["settings"]["method"])
-    return RunReward(spec.reward, int(workers), float(environ.get(TIMEOUT_ENV, "5")))
+    return RunReward(RunStamp.read(path).method.reward, int(workers), float(environ.get(TIMEOUT_ENV, "5")))
 
 
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]{1,40}\|>")  # <|im_end|>, <|endoftext|>, ...

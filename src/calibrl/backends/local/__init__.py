@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run, checkpoint_steps
-from calibrl.spec import MethodSpec, TrainSettings
+from calibrl.spec import MethodSpec
 
 METRICS = Path("ckpt") / "metrics.jsonl"
 """The trainer's per-step log, relative to the run folder; rule train_metrics publishes it as ``metrics.jsonl``."""
@@ -72,21 +72,21 @@ class LocalBackend:
         from calibrl.data.records import read_jsonl
         from calibrl.tasks import Scorer
 
-        stamp = json.loads(Path(settings_path).read_text())
-        s, paths = stamp["settings"], stamp["paths"]
+        stamp = RunStamp.read(settings_path)
+        paths = stamp.paths
         torch.set_num_threads(max(1, int(threads)))  # Snakemake runs jobs side by side
-        records = read_jsonl(paths["train"], on_error=s["on_error"])
+        records = read_jsonl(paths["train"], on_error=stamp.settings["on_error"])
         with Scorer(workers=workers) as scorer:
             Trainer(
-                MethodSpec.from_dict(s["method"]),
-                TrainSettings.from_config({**s["train"], "steps": stop_at}),
+                stamp.method,
+                stamp.train_settings(steps=stop_at),
                 records,
                 paths["init"],
                 Path(settings_path).parent,
                 scorer,
-                seed=s["seed"],
+                seed=stamp.seed,
                 memory_dir=paths.get("memory"),
-                template=s["template"],
+                template=stamp.settings["template"],
             ).run()
 
     def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict | None, model: str, memory: str | None):
@@ -95,7 +95,7 @@ class LocalBackend:
     def preflight_checks(self) -> dict:
         return {}  # no GPU job, hence no preflight
 
-    def vllm_plugin(self, stamp: dict) -> None:
+    def vllm_plugin(self, stamp: RunStamp) -> None:
         """Nothing: its runs start no vLLM engine."""
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:

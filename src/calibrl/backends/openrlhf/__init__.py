@@ -30,6 +30,7 @@ from pathlib import Path
 
 from calibrl.backends.openrlhf import layout as L
 from calibrl.backends.openrlhf.command import ESTIMATORS
+from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
 from calibrl.gpu import RAY_CLUSTER
 from calibrl.runs import Run
@@ -123,8 +124,6 @@ class OpenRLHFBackend:
         """The run's prompt file, then the launcher inside a private Ray cluster with token authentication
         (``ray_cluster.sh``) spanning the job's allocation. The job and every Ray actor run offline
         (``HF_HUB_OFFLINE=1``), as compute nodes often are: the models are the login node's downloads."""
-        import json
-
         from calibrl import offline
         from calibrl.backends.openrlhf.data import prepare
         from calibrl.backends.openrlhf.launch import PROMPTS
@@ -132,15 +131,15 @@ class OpenRLHFBackend:
         from calibrl.model_store import verify_info
 
         offline.apply()  # inherited by ray_cluster.sh and the actors it starts
-        stamp = json.loads(Path(settings_path).read_text())
+        stamp = RunStamp.read(settings_path)
         for name in MODEL_INPUTS:  # the login node's downloads, at the commits of the lock file
-            if f"{name}_info" in stamp["paths"]:
-                log.info("%s: %s at %s", name, stamp["paths"][name], verify_info(stamp["paths"][f"{name}_info"]))
-        prepare(stamp, Path(settings_path).parent / PROMPTS)
+            if f"{name}_info" in stamp.paths:
+                log.info("%s: %s at %s", name, stamp.paths[name], verify_info(stamp.paths[f"{name}_info"]))
+        prepare(stamp.to_dict(), Path(settings_path).parent / PROMPTS)  # data.prepare takes the plain content
         launch = [sys.executable, "-m", "calibrl.backends.openrlhf.launch", str(settings_path), str(int(stop_at))]
         argv = ["bash", str(RAY_CLUSTER), *launch]
         # Inside the executor's job step SLURM_GPUS_ON_NODE is that step's count: the layout's GPUs per node.
-        env = {**os.environ, "RAY_GPUS_PER_NODE": str(int(stamp["resources"]["gpus_per_node"]))}
+        env = {**os.environ, "RAY_GPUS_PER_NODE": str(int(stamp.resources["gpus_per_node"]))}
         # grid.workers (the rule's resources, no part of the run's identity): each rollout actor's grading pool
         # (reward.py), which the launcher passes on to every Ray worker
         env["CALIBRL_REWARD_WORKERS"] = str(int(workers))
@@ -176,7 +175,7 @@ class OpenRLHFBackend:
 
         return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer, "canary": canary.check}
 
-    def vllm_plugin(self, stamp: dict) -> None:
+    def vllm_plugin(self, stamp: RunStamp) -> None:
         """A CPU rehearsal's vLLM-side stand-ins (``cpu_standins``); on a cluster, nothing."""
         from calibrl.backends.openrlhf import cpu_standins
 

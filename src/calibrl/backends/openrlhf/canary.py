@@ -54,14 +54,14 @@ def check(p: dict) -> str:
 
 
 def _one(c: dict, run_dir: Path, results: Path, workers: int) -> str:
-    from calibrl.checkpoints import settings_job
+    from calibrl.checkpoints import RunStamp, settings_job
 
     shutil.rmtree(run_dir, ignore_errors=True)  # a canary starts fresh: nothing of an earlier one resumes
     run_dir.mkdir(parents=True)
     settings = run_dir / "settings.json"
     settings_job(c["settings"], c["resources"], str(settings), {k: str(results / v) for k, v in c["inputs"].items()})
     what = f"canary {c['kind']} (as {c['run']})"
-    train = c["settings"]["train"]
+    train = RunStamp.read(settings).train  # what the run trains with: the stamp it reads
     segments = (int(train["eval_every"]), int(train["steps"]))  # a checkpoint ends the first, the second resumes it
     seconds = []
     with _PeakMemory() as peak:

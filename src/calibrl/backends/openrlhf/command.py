@@ -2,8 +2,8 @@
 OpenRLHF's own parser.
 
 ``build_command(stamp, run_dir, data_path, rows)`` reads everything from ``stamp`` (the run's settings.json,
-``calibrl.checkpoints.stamp``): the compiled method (``settings.method``, a ``calibrl.spec.MethodSpec``), the
-shared training settings (``settings.train``), the input folders (``paths``) and the GPU layout (``resources``,
+``calibrl.checkpoints.RunStamp``): the compiled method (``method``, a ``calibrl.spec.MethodSpec``), the
+shared training settings (``train``), the input folders (``paths``) and the GPU layout (``resources``,
 ``calibrl.backends.openrlhf.layout``, defaults from the config schema). The launcher calls it in the job, right
 before it runs OpenRLHF; what OpenRLHF has no flag for reaches its Ray workers through the setup hook
 (``hook``), which reads the same settings.json.
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 from calibrl.backends.openrlhf.data import LABEL_KEY, PROMPT_KEY
 from calibrl.backends.openrlhf.layout import run_roles
-from calibrl.spec import MethodSpec
+from calibrl.checkpoints import RunStamp
 
 ESTIMATORS = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drgrpo": "dr_grpo"}
 """calibrl estimator -> OpenRLHF ``--algo.advantage.estimator``: the estimators both implement alike."""
@@ -64,12 +64,12 @@ def train_samples(train: dict) -> int:
     return batch // k * group
 
 
-def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows: int) -> list[str]:
+def build_command(stamp: RunStamp | dict, run_dir: str | Path, data_path: str | Path, rows: int) -> list[str]:
     """OpenRLHF's argv (after ``python -m openrlhf.cli.train_ppo_ray``) for the run of ``stamp`` (its
-    settings.json), whose folder is ``run_dir`` and whose prepared prompt file (``rows`` prompts) is
-    ``data_path``. Every path is absolute: Ray actors run elsewhere."""
-    settings, layout = stamp["settings"], stamp["resources"]
-    spec, train = MethodSpec.from_dict(settings["method"]), settings["train"]
+    settings.json, or that file's content), whose folder is ``run_dir`` and whose prepared prompt file (``rows``
+    prompts) is ``data_path``. Every path is absolute: Ray actors run elsewhere."""
+    stamp = RunStamp.of(stamp)
+    layout, spec, train = stamp.resources, stamp.method, stamp.train
     if spec.estimator not in ESTIMATORS:
         raise ValueError(f"method {spec.name!r}: estimator {spec.estimator!r} has no OpenRLHF estimator; "
                          f"one of {sorted(ESTIMATORS)}")  # fmt: skip
@@ -81,8 +81,8 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
     max_new = int(train["max_new_tokens"])
 
     # ---- model, data, prompt: the prompts are rendered already (chat template included, data.write_prompts)
-    argv = ["--actor.model_name_or_path", str(Path(stamp["paths"]["init"]).resolve())]
-    argv += ["--train.seed", str(int(settings["seed"]))]
+    argv = ["--actor.model_name_or_path", str(Path(stamp.paths["init"]).resolve())]
+    argv += ["--train.seed", str(int(stamp.seed))]
     argv += ["--data.prompt_dataset", str(Path(data_path).resolve()), "--data.prompt_split", "train"]
     argv += ["--data.input_key", PROMPT_KEY, "--data.label_key", LABEL_KEY]
     argv += ["--data.max_samples", str(max_samples), "--train.num_episodes", str(episodes)]
@@ -161,7 +161,7 @@ def build_command(stamp: dict, run_dir: str | Path, data_path: str | Path, rows:
     argv += ["--ckpt.load_enable", "--ckpt.max_num", str(res["keep_ds_checkpoints"])]
     argv += ["--ckpt.output_dir", str(ckpt / "final"), "--ckpt.best_metric_key", "none"]
     argv += ["--logger.tensorboard_dir", str(run / "tensorboard")]
-    argv += ["--logger.wandb.run_name", settings["run"].replace("/", "_"), "--logger.logging_steps", "1"]
+    argv += ["--logger.wandb.run_name", stamp.run.replace("/", "_"), "--logger.logging_steps", "1"]
 
     # ---- placement (``layout``): actor (DeepSpeed), reference (only built with a KL), vLLM engines
     argv += ["--actor.num_nodes", str(res["actor_nodes"]), "--actor.num_gpus_per_node", str(res["actor_gpus_per_node"])]

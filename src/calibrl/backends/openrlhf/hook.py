@@ -1,8 +1,9 @@
 """The Ray ``worker_process_setup_hook`` of a run: it installs the patches the run's settings call for.
 
-The launcher starts Ray with :func:`setup` as every worker's setup hook and ``CALIBRL_SETTINGS``, the path of the
-run's ``settings.json`` (the launcher also passes the grading pool's size and timeout, and on a rehearsal its faults,
-as variables: ``launch.runtime_env``). :func:`patches` returns what to install:
+The launcher starts Ray with :func:`setup` as every worker's setup hook and ``CALIBRL_SETTINGS``
+(``calibrl.checkpoints.SETTINGS_ENV``), the path of the run's ``settings.json``, which :func:`setup` reads once
+(``calibrl.checkpoints.RunStamp``; the launcher also passes the grading pool's size and timeout, and on a rehearsal
+its faults, as variables: ``launch.runtime_env``). :func:`patches` returns what to install:
 - always: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``);
 - from ``grid.train``: weight decay on every parameter for ``weight_decay_scope: all`` (``decay_scope``);
 - from the layout: DeepSpeed's state at ``ds_save_steps`` and the Hugging Face copies at ``eval_every`` alone
@@ -20,12 +21,10 @@ text it calls and its parameters (``patching.Target``).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from calibrl.backends.openrlhf import (
     cpu_standins,
@@ -38,11 +37,11 @@ from calibrl.backends.openrlhf import (
     save_cadence,
     steps,
 )
+from calibrl.checkpoints import RunStamp
 from calibrl.gpu.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
 
-ENV = "CALIBRL_SETTINGS"
 SETUP_HOOK = f"{__name__}.setup"
 
 
@@ -58,18 +57,15 @@ class Patch:
     driver: Callable[[], None] | None = None
 
 
-def patches(settings_path: str | Path) -> list[Patch]:
-    """The patches the run of ``settings_path`` needs, from its compiled method (``calibrl.spec.MethodSpec``)."""
-    from calibrl.spec import MethodSpec  # no torch here: this runs first thing in every Ray worker
-
-    stamp = json.loads(Path(settings_path).read_text())
-    spec, train = MethodSpec.from_dict(stamp["settings"]["method"]), stamp["settings"]["train"]
-    run_dir = Path(settings_path).parent
+def patches(stamp: RunStamp) -> list[Patch]:
+    """The patches the run of ``stamp`` (its settings.json, read from the run's folder) needs, from its compiled
+    method (``calibrl.spec.MethodSpec``)."""
+    spec, train, run_dir = stamp.method, stamp.train, stamp.run_dir
     out = [
         Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir)),
         Patch("FusedAdam on torch's kernels", fused_adam.TARGETS, fused_adam.install),  # no nvcc on the nodes
     ]
-    saves = stamp["resources"].get("ds_save_steps")  # unset: both saved at eval_every, OpenRLHF's own
+    saves = stamp.resources.get("ds_save_steps")  # unset: both saved at eval_every, OpenRLHF's own
     if saves and saves != train["eval_every"]:
         install = functools.partial(save_cadence.install, train["eval_every"])
         out.append(Patch(f"DeepSpeed's state every {saves} steps", save_cadence.TARGETS, install))
@@ -82,34 +78,34 @@ def patches(settings_path: str | Path) -> list[Patch]:
         length = int(train["max_new_tokens"])
         out.append(Patch("Dr. GRPO's normaliser", loss_norm.TARGETS, functools.partial(loss_norm.install, length)))
     if spec.uses_dlc:
-        memory = stamp["paths"]["memory"]
+        memory = stamp.paths["memory"]
         decay = (train["weight_decay"], train["weight_decay_scope"])
-        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, decay, stamp["resources"])
+        install = functools.partial(dlc.install, memory, spec.dlc_mu, spec.memory_lr, decay, stamp.resources)
         out.append(Patch(f"DLC (mu {spec.dlc_mu:g})", dlc.TARGETS, install, dlc.install_driver))
     if cpu_standins.enabled(stamp):
         targets = tuple(s.target for s in cpu_standins.STANDINS)
         out.append(Patch("CPU rehearsal's CUDA stand-ins", targets, cpu_standins.install_worker,
                          cpu_standins.install_driver))  # fmt: skip
         if os.environ.get(rehearsal_faults.ENV):
-            install = functools.partial(rehearsal_faults.install, run_dir, stamp["settings"]["run"])
+            install = functools.partial(rehearsal_faults.install, run_dir, stamp.run)
             out.append(Patch("rehearsal faults", rehearsal_faults.TARGETS, install))
     return out
 
 
-def check(settings_path: str | Path) -> list[str]:
+def check(stamp: RunStamp) -> list[str]:
     """Find every target of the run's patches in the installed OpenRLHF (raises ``PatchTargetMissing`` naming the
     first one missing); returns the patches' names."""
-    found = patches(settings_path)
+    found = patches(stamp)
     for patch in found:
         for target in patch.targets:
             target.check()
     return [p.name for p in found]
 
 
-def install_driver(settings_path: str | Path) -> list[str]:
+def install_driver(stamp: RunStamp) -> list[str]:
     """Install in this (the driver's) process the driver side of the run's patches; returns their names."""
     done = []
-    for patch in patches(settings_path):
+    for patch in patches(stamp):
         if patch.driver is not None:
             patch.driver()
             done.append(patch.name)
@@ -119,11 +115,11 @@ def install_driver(settings_path: str | Path) -> list[str]:
 def setup() -> None:
     """The ``worker_process_setup_hook``: install the run's patches in this process (each applied when, and if,
     this process imports its module). A process without ``CALIBRL_SETTINGS`` is left alone."""
-    path = os.environ.get(ENV)
-    if not path:
+    stamp = RunStamp.from_env()
+    if stamp is None:
         return
     _log_to_stderr()
-    for patch in patches(path):
+    for patch in patches(stamp):
         patch.install()
 
 

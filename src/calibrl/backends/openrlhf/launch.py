@@ -1,6 +1,7 @@
 """``python -m calibrl.backends.openrlhf.launch SETTINGS STOP_AT``: one segment of an OpenRLHF run.
 
-``main`` reads the run's ``settings.json`` (``SETTINGS``; its folder is the run's) and
+``main`` reads the run's ``settings.json`` (``SETTINGS``; its folder is the run's) once
+(``calibrl.checkpoints.RunStamp``) and
 
 1. builds OpenRLHF's argv from it (``command.build_command``, the prompt file the job prepared beside it) and
    checks it with OpenRLHF's own parser and assertions (``command.check_openrlhf_argv``), and every symbol the
@@ -9,8 +10,8 @@
    it left (a resumed run), and stops there if the segment's last step (``STOP_AT``) is saved already;
 3. records ``STOP_AT`` for the step limit (``steps.write_segment``), then starts Ray, or joins the cluster in
    ``RAY_ADDRESS`` (``ray_cluster.sh`` exports it), with ``hook.setup`` as every worker's
-   ``worker_process_setup_hook`` and ``CALIBRL_SETTINGS``, the settings' path (beside it the grading pool's size and
-   timeout, and a rehearsal's faults: :func:`runtime_env`). OpenRLHF's
+   ``worker_process_setup_hook`` and ``CALIBRL_SETTINGS`` (``checkpoints.SETTINGS_ENV``), the settings' path
+   (beside it the grading pool's size and timeout, and a rehearsal's faults: :func:`runtime_env`). OpenRLHF's
    ``train()`` calls ``ray.init`` only when Ray is not initialised yet, so this runtime environment is the one
    every actor gets; OpenRLHF's own ``env_vars`` are passed on here for the same reason;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there), without its final full-model
@@ -21,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -33,6 +33,7 @@ from pathlib import Path
 from calibrl import offline, plugins
 from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
+from calibrl.checkpoints import SETTINGS_ENV, RunStamp
 from calibrl.gpu.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
 
@@ -92,7 +93,7 @@ def runtime_env(settings_path: str | Path) -> dict:
     src = str(Path(__file__).resolve().parents[3])  # the directory that holds the calibrl package
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {
-        hook.ENV: str(Path(settings_path).resolve()),
+        SETTINGS_ENV: str(Path(settings_path).resolve()),
         "PYTHONPATH": path,
         # what train_ppo_ray.train() would have set, since our ray.init comes first
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
@@ -108,11 +109,10 @@ def runtime_env(settings_path: str | Path) -> dict:
     return {"worker_process_setup_hook": hook.SETUP_HOOK, "env_vars": env}
 
 
-def openrlhf_argv(settings_path: str | Path) -> list[str]:
-    """OpenRLHF's argv for the run of ``settings_path``, with the prompt file beside it (on a CPU rehearsal, less
-    what the CPU cannot do: ``cpu_standins.cpu_argv``)."""
-    run_dir = Path(settings_path).parent
-    stamp = json.loads(Path(settings_path).read_text())
+def openrlhf_argv(stamp: RunStamp) -> list[str]:
+    """OpenRLHF's argv for the run of ``stamp`` (its settings.json), with the prompt file beside it (on a CPU
+    rehearsal, less what the CPU cannot do: ``cpu_standins.cpu_argv``)."""
+    run_dir = stamp.run_dir
     prompts = run_dir / PROMPTS
     with open(prompts, encoding="utf-8") as fh:
         rows = sum(1 for line in fh if line.strip())
@@ -144,16 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         raise SystemExit("usage: python -m calibrl.backends.openrlhf.launch SETTINGS_JSON STOP_AT")
     settings_path, stop_at = Path(argv[0]).resolve(), int(argv[1])
-    train = json.loads(settings_path.read_text())["settings"]["train"]
-    steps_total, eval_every = int(train["steps"]), int(train["eval_every"])
+    stamp = RunStamp.read(settings_path)
+    steps_total, eval_every = int(stamp.train["steps"]), int(stamp.train["eval_every"])
     if not 0 < stop_at <= steps_total or stop_at % eval_every and stop_at != steps_total:
         raise ValueError(f"STOP_AT {stop_at} must be a checkpoint step (eval_every {eval_every}) <= {steps_total}")
-    rest = openrlhf_argv(settings_path)
+    rest = openrlhf_argv(stamp)
     check_openrlhf_argv(rest)  # a typo fails here, not after the GPUs are allocated
-    if os.environ.get(rehearsal_faults.ENV) and not cpu_standins.enabled(json.loads(settings_path.read_text())):
+    if os.environ.get(rehearsal_faults.ENV) and not cpu_standins.enabled(stamp):
         raise ValueError(f"{rehearsal_faults.ENV} is set: faults are injected only into a CPU rehearsal's runs")
     plugins.check()  # vLLM calls them in the rollout engines
-    log.info("patches: %s", ", ".join(hook.check(settings_path)))
+    log.info("patches: %s", ", ".join(hook.check(stamp)))
     run_dir = settings_path.parent
     ckpt_dir = run_dir / "ckpt" / "openrlhf"
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     steps.write_segment(run_dir, stop_at)
     skip_final_save()
-    driver = hook.install_driver(settings_path)  # Ray's setup hook never runs in this process
+    driver = hook.install_driver(stamp)  # Ray's setup hook never runs in this process
     log.info("patches in the driver: %s", ", ".join(driver) or "none")
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
     log.info("python -m openrlhf.cli.train_ppo_ray %s", shlex.join(rest))
