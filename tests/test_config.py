@@ -1,7 +1,15 @@
-"""The config is validated at start-up: a mistyped or invalid key fails at once, naming the key."""
+"""The config is validated at start-up: a mistyped or invalid key fails at once, naming the key; and checking it
+(at every Snakefile load) imports nothing heavy."""
+
+import subprocess
+import sys
 
 import pytest
-from conftest import load_config, snakemake, write_config
+from conftest import REPO, load_config, snakemake, write_config
+
+# What planning must never import (issue 45: torch alone was ~4 s of every `snakemake` command): the jobs' libraries.
+# Snakemake's own SLURM plugin imports pandas and numpy, so they are not ours to keep out of a dry run.
+HEAVY = ("torch", "transformers", "mlflow", "matplotlib", "vllm", "ray", "deepspeed", "datasets", "math_verify")
 
 
 def mutate(cfg, path, value):
@@ -65,21 +73,44 @@ def test_shipped_config_plans(workflow_dir):
     assert "toy_figure" in proc.stdout
 
 
-def test_paper_grid_plans_every_run_and_checkpoint(workflow_dir):
+def test_paper_grid_plans_every_run_and_checkpoint(workflow_dir, monkeypatch):
     import shutil
 
-    from conftest import REPO
-
     shutil.copytree(REPO / "slurm", workflow_dir / "slurm")
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # every module the planning process imports, on stderr
     # a config file named on the command line is the whole config: no embedded default merged underneath
     proc = snakemake(workflow_dir, "-n", "--configfile", "config/paper.yaml")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "calibrl.config" in imported and "calibrl.algo.advantages" in imported  # the config check ran
+    assert not {m.split(".")[0] for m in imported} & set(HEAVY), sorted(m for m in imported if m.startswith(HEAVY))
     out = proc.stdout
     counts = dict(line.split()[:2] for line in out[out.index("Job stats") :].splitlines()[3:] if len(line.split()) == 2)
     # 5 methods x 3 models (Tables 2, 3) + DAPO, DAPO+IAC, DAPO+IAC+DLC (Table 4) + 4 alpha/filter (Table 5)
     assert counts["run_settings"] == counts["train_metrics"] == "22"
-    # trained in segments: 5 runs of 4B x 4 segments of 500 steps, 17 of 8B and 14B (DLC's too) x 8 of 250
-    assert counts["train"] == str(5 * 4 + 17 * 8)
+    # trained in segments: 5 runs of 4B x 4 segments of 500 steps, 16 of 8B and 14B x 8 of 250, DLC x 10 of 200
+    assert counts["train"] == str(5 * 4 + 16 * 8 + 10)  # the DLC run in segments of 200 (generation in waves)
     assert counts["evaluate"] == str(22 * 40)  # every 50 steps of 2000
     assert counts["data_download"] == "7"  # DeepScaleR and the six benchmarks
     assert counts["aggregate"] == "1"
     assert counts["rank_train"] == "1"  # the filtering baseline's ranking, once for Qwen3-8B
+
+
+def test_the_config_check_imports_nothing_heavy():
+    """Issue 45: the config check (``calibrl.config.validate``, the Snakefile's first step) and the typed view the
+    rule files read at parse time import no torch, transformers, MLflow...: the registries' names are read from
+    modules that import torch only inside their formulas (``calibrl.algo``), and the backends' layouts and the
+    planner from modules that defer their jobs' libraries. Each shipped grid, in a fresh interpreter."""
+    code = f"""
+import sys
+from calibrl import config, grid, preflight
+for path in ("config/paper.yaml", "config/config.yaml", ".test/config.yaml", "config/cluster_smoke.yaml"):
+    cfg = config.load([path])
+    runs = grid.runs(cfg)
+    grid.model_files(cfg), grid.eval_params(cfg), grid.engine_request(cfg), preflight.shapes(cfg)
+    grid.train_params(cfg, runs[0]), grid.inputs(cfg, runs[0]), grid.segment_ends(cfg, runs[0])
+assert "grpo" in config.schema()["$defs"]["estimator"]["enum"]
+print(sorted(m for m in {HEAVY!r} if m in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split() == ["[]"], proc.stdout

@@ -104,18 +104,41 @@ def registry_enums() -> dict[str, list[str]]:
     }
 
 
+# libyaml's loader where PyYAML has it (the same documents, a tenth of the time: the schema is read at every
+# Snakefile load), else PyYAML's own
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @cache
 def _schema_file(path: str) -> dict:
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_YAML_LOADER)
 
 
 def schema(base: dict | str | Path | None = None, trainer: str | None = None) -> dict:
     """The config schema (``base``: a loaded schema or its file; default the workflow's) with the registries'
     names as the enums of its ``$defs`` (a formula registered after import is a valid config value at once), and
     what the backends contribute (:func:`backend_defs`) for ``trainer``."""
-    loaded = base if isinstance(base, dict) else _schema_file(str(base or SCHEMA_PATH))
+    return copy.deepcopy(_schema(base, trainer))
+
+
+def _schema(base: dict | str | Path | None, trainer: str | None) -> dict:
+    """:func:`schema`, shared, not to be changed: built once per schema file, trainer and registered names (the
+    config check reads it several times per config)."""
+    enums = registry_enums()
+    if isinstance(base, dict):
+        return _build_schema(base, trainer, enums)
+    frozen = tuple((name, tuple(values)) for name, values in enums.items())
+    return _built_schema(str(base or SCHEMA_PATH), trainer, frozen)
+
+
+@cache
+def _built_schema(path: str, trainer: str | None, enums: tuple) -> dict:
+    return _build_schema(_schema_file(path), trainer, {name: list(values) for name, values in enums})
+
+
+def _build_schema(loaded: dict, trainer: str | None, enums: dict[str, list[str]]) -> dict:
     out = copy.deepcopy(loaded)
-    for name, values in registry_enums().items():
+    for name, values in enums.items():
         out["$defs"][name] = {**out["$defs"][name], "enum": values}
     out["$defs"].update(backend_defs(out["$defs"], trainer))
     return out
@@ -234,7 +257,7 @@ def coerce_numbers(instance, node: dict, root: dict):
 def filled(section: str, values: dict, base: dict | None = None) -> dict:
     """``values`` of the config object at dotted ``section`` (``grid.train``; ``*`` for any name:
     ``grid.methods.*``) with the schema's defaults filled in: settings built outside a config file, as tests do."""
-    root = schema(base)
+    root = _schema(base, None)
     node: dict = root
     for part in section.split("."):
         node = _resolve(node, root)
@@ -272,7 +295,7 @@ def _schema_problems(error: jsonschema.ValidationError) -> list[tuple[str, str]]
 def problems(config: dict, base: dict | str | Path | None = None) -> list[tuple[str, str]]:
     """Every problem of ``config`` (unchanged): the schema's first; if there are none, the keys its backend never
     reads, then the cross-key checks on a copy with the defaults filled in."""
-    root = schema(base, _trainer(config))
+    root = _schema(base, _trainer(config))
     config = coerce_numbers(copy.deepcopy(config), root, root)
     found: list[tuple[str, str]] = []
     for error in sorted(Validator(root).iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path]):
@@ -302,7 +325,7 @@ def validate(config: dict, base: dict | str | Path | None = None, source: str = 
     found = problems(config, base)
     if found:
         raise ConfigError(found, source)
-    root = schema(base, _trainer(config))
+    root = _schema(base, _trainer(config))
     return fill_defaults(coerce_numbers(config, root, root), root, root)
 
 
@@ -311,7 +334,7 @@ def load(paths: list[str | Path]) -> dict:
     with the defaults filled in."""
     merged: dict = {}
     for path in paths:
-        merged = _merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+        merged = _merge(merged, yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_YAML_LOADER) or {})
     return validate(merged, source=", ".join(map(str, paths)))
 
 

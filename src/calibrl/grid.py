@@ -15,6 +15,9 @@ checkpoint made with other settings is never resumed, and its evaluations rerun.
 
 from __future__ import annotations
 
+import copy
+import os
+import time
 from functools import cache
 from pathlib import Path
 
@@ -26,7 +29,17 @@ TABLES = ("table2_3", "table4", "table5", "figure6")
 
 
 def backend(config: dict) -> backends.Backend:
-    return backends.get(config["grid"]["trainer"])
+    return _backend(config["grid"]["trainer"])
+
+
+@cache
+def _backend(name: str) -> backends.Backend:
+    return backends.get(name)
+
+
+# The last settings each method was compiled from, and its spec: the workflow asks for a run's method in every input
+# function of every job, and comparing two dicts is a fraction of freezing them into a cache key.
+_LAST_COMPILED: dict[str, tuple[dict, dict, MethodSpec]] = {}
 
 
 def method(config: dict, name: str) -> MethodSpec:
@@ -34,7 +47,13 @@ def method(config: dict, name: str) -> MethodSpec:
     grid = config["grid"]
     if name not in grid["methods"]:
         raise KeyError(f"method {name!r} is used by grid.tables but not defined under grid.methods")
-    return _compiled(name, _frozen(grid["methods"][name]), _frozen(grid["train"]))
+    switches, train = grid["methods"][name], grid["train"]
+    last = _LAST_COMPILED.get(name)
+    if last is not None and last[0] == switches and last[1] == train:
+        return last[2]
+    spec = _compiled(name, _frozen(switches), _frozen(train))
+    _LAST_COMPILED[name] = (copy.deepcopy(switches), copy.deepcopy(train), spec)
+    return spec
 
 
 @cache
@@ -49,12 +68,36 @@ def _frozen(d: dict) -> tuple:
 def plan(config: dict) -> analysis_plan.Plan | None:
     """The analysis plan of ``grid.claims.plan`` (None when unset), loaded once per file content."""
     path = config["grid"]["claims"].get("plan")
-    return _plan(path, analysis_plan.digest(path)) if path else None
+    return _plan(path, _digest(path) or analysis_plan.digest(path)) if path else None
 
 
 @cache
 def _plan(path: str, sha256: str) -> analysis_plan.Plan:
     return analysis_plan.load(path)
+
+
+RACY_NS = 2_000_000_000
+"""A file changed this recently (ns) when hashed is hashed again at the next read (:func:`_digest`)."""
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _digest(path: str) -> str | None:
+    """``analysis_plan.digest`` of the file at ``path`` (None where there is none), hashed once per version of the
+    file rather than at every read (the workflow reads the plan in every job's input functions): a version is the
+    file's inode, size, modification and change times, trusted only where the file was last changed more than
+    :data:`RACY_NS` before it was hashed, as git treats racily clean files, so a file rewritten within one tick of
+    the file system's clock is hashed again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (str(path), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if (sha := _DIGESTS.get(key)) is not None:
+        return sha
+    sha = analysis_plan.digest(path)
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:
+        _DIGESTS[key] = sha
+    return sha
 
 
 def runs(config: dict) -> list[Run]:
@@ -183,7 +226,7 @@ def plan_sha256(config: dict) -> str | None:
     """The SHA-256 of the pre-registered analysis plan's file (``grid.claims.plan``; :func:`problems` validates
     it), or None."""
     path = config["grid"]["claims"].get("plan")
-    return analysis_plan.digest(path) if path else None
+    return (_digest(path) or analysis_plan.digest(path)) if path else None
 
 
 def base_params(config: dict, seed: int) -> dict:
@@ -399,7 +442,9 @@ def problems(config: dict) -> list[tuple[str, str]]:
             out.append((f"grid.models.{name}.memory", f"{spec['memory']!r} is not one of grid.memory_models"))
     if grid["claims"].get("plan"):
         try:
-            analysis_plan.check_config(analysis_plan.load(grid["claims"]["plan"]), grid)
+            path = grid["claims"]["plan"]
+            sha = _digest(path)  # the plan the runs read, loaded once (a missing file: load's error)
+            analysis_plan.check_config(_plan(path, sha) if sha else analysis_plan.load(path), grid)
         except analysis_plan.PlanError as e:
             out.append(("grid.claims.plan", str(e)))
     if "base" in grid["methods"]:

@@ -12,7 +12,7 @@ complete dicts.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,24 @@ class MethodSpec:
         return self.filter_easiest > 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _flat_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> MethodSpec:
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
+def _flat_dict(spec) -> dict:
+    """``dataclasses.asdict`` of a dataclass whose fields are all scalars (as every class here), without its deep
+    copy of each value: the workflow puts a run's spec and settings into the params of its jobs while it plans them."""
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
 def compile_method(name: str, switches: dict, train: dict) -> MethodSpec:
     """The spec of method ``name`` (``switches``: ``grid.methods.<name>``, ``train``: ``grid.train``, both with
     the schema's defaults filled in). Refuses names no registry knows, with the choices."""
-    # torch only where a method is compiled: a Ray worker's setup hook reads specs (calibrl.backends.openrlhf.hook)
+    # the registries where a method is compiled (they import no torch: calibrl.algo); a Ray worker's setup hook
+    # reads specs without them (calibrl.backends.openrlhf.hook)
     from calibrl.algo.advantages import ESTIMATORS
     from calibrl.algo.dlc import IMPORTANCE
     from calibrl.algo.losses import AGGREGATIONS, KL_ESTIMATORS
@@ -118,7 +125,7 @@ class TrainSettings:
     group_size: int
     lr: float
     weight_decay: float
-    weight_decay_scope: str  # all / no_bias_norm (calibrl.models.decay_groups)
+    weight_decay_scope: str  # all / no_bias_norm (calibrl.optim.decay_groups)
     grad_clip: float
     ppo_minibatches: int
     max_new_tokens: int
@@ -132,7 +139,7 @@ class TrainSettings:
         return cls(**{f.name: train[f.name] for f in fields(cls)})
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _flat_dict(self)
 
 
 @dataclass(frozen=True)
@@ -168,4 +175,4 @@ class EvalSettings:
         return replace(self, seed=int.from_bytes(digest[:4], "little"))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _flat_dict(self)

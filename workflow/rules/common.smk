@@ -1,7 +1,9 @@
 # Validation of the config and the helpers every rule file uses.
 
+import inspect
 import os
 import re
+from functools import cache
 
 from calibrl import grid as G
 from calibrl import preflight as PF
@@ -45,8 +47,23 @@ wildcard_constraints:
     split="|".join(SPLITS),
 
 
+# Snakemake calls a job's input functions several times while it plans (its inputs, params, resources, the dry run's
+# listing), and every evaluation of a run asks for the same segments and request: what depends on the run or the seed
+# alone is computed once (the config is final once validated). At each call it also reads the function's signature
+# (which of wildcards, input, output, ... to pass), which costs more than most of these functions: @signed gives it
+# once, as __signature__ (PEP 362), which inspect.signature returns as is.
+def signed(fn):
+    fn.__signature__ = inspect.signature(fn)
+    return fn
+
+
 def run_of(wildcards):
-    return G.Run(wildcards.model, wildcards.method, int(wildcards.seed))
+    return _run(wildcards.model, wildcards.method, wildcards.seed)
+
+
+@cache
+def _run(model, method, seed):
+    return G.Run(model, method, int(seed))
 
 
 def run_dir(wildcards):
@@ -59,30 +76,45 @@ def run_dir(wildcards):
 WORKERS = GRID["workers"]
 
 
+@signed
 def data_params(wildcards):
     return G.data_params(GRID, wildcards.split, int(wildcards.data))
 
 
+@signed
 def warmstart_params(wildcards):
     return G.warmstart_params(config, wildcards.model, int(wildcards.data))
 
 
+@signed
 def eval_splits(wildcards):
     """The evaluation splits of the run's data seed (each data seed has its own problems, calibrl.grid.data_seed)."""
-    return [res(G.data_file(config, int(wildcards.seed), split)) for split in EVAL_SPLITS]
+    return list(_eval_splits(int(wildcards.seed)))
 
 
+@cache
+def _eval_splits(seed):
+    return tuple(res(G.data_file(config, seed, split)) for split in EVAL_SPLITS)
+
+
+@signed
 def train_params(wildcards):
     return G.train_params(config, run_of(wildcards))
 
 
+@signed
 def run_resources(wildcards):
     return G.resources(config, run_of(wildcards))
 
 
 def train_request(wildcards):
     """The SLURM request (whole nodes and their GPUs) of one training job of the run (its backend's)."""
-    return G.request(config, run_of(wildcards))
+    return dict(_request(run_of(wildcards)))
+
+
+@cache
+def _request(run):
+    return G.request(config, run)
 
 
 EVAL_PARAMS = G.eval_params(config)
@@ -91,46 +123,68 @@ ENGINE_REQUEST = G.engine_request(config)
 EVAL_ENV = G.evaluate.env(GRID["evaluator"])
 
 
+@signed
 def rank_params(wildcards):
     return G.rank_params(config, wildcards.model)
 
 
+@signed
 def download_params(wildcards):
     return G.download_params(config, wildcards.model)
 
 
+@signed
 def run_inputs(wildcards):
     """The run's input files: its training data, and what its backend trains from (a warm start or a download, the
     memory's for DLC, the filtering baseline's ranking where a job of its own makes it)."""
-    return {name: res(path) for name, path in G.inputs(config, run_of(wildcards)).items()}
+    return dict(_run_inputs(run_of(wildcards)))
+
+
+@cache
+def _run_inputs(run):
+    return {name: res(path) for name, path in G.inputs(config, run).items()}
 
 
 def segment_marker(run, end):
     return res(f"runs/{run.path}/ckpt/segment_{end}.done")
 
 
+@signed
 def previous_segment(wildcards):
     """The segment a training job resumes from ([] for the first)."""
     run, end = run_of(wildcards), int(wildcards.end)
-    ends = G.segment_ends(config, run)
+    ends = _segment_ends(run)
     if end not in ends:
         raise ValueError(f"{run.path}: {end} is not a segment end of this run ({ends}; resources.segment_steps)")
     earlier = [e for e in ends if e < end]
     return [segment_marker(run, earlier[-1])] if earlier else []
 
 
+@signed
 def last_segment(wildcards):
     run = run_of(wildcards)
-    return segment_marker(run, G.segment_ends(config, run)[-1])
+    return segment_marker(run, _segment_ends(run)[-1])
 
 
+@signed
 def trained_checkpoint(wildcards):
     """What an evaluation waits for: the training segment that makes the checkpoint (its step markers are the
     trainer's, undeclared, since a segment's steps are no wildcard)."""
     run = run_of(wildcards)
-    return segment_marker(run, G.segment_of(config, run, int(wildcards.step)))
+    return segment_marker(run, _segment_of(run, int(wildcards.step)))
 
 
+@cache
+def _segment_of(run, step):
+    return G.segment_of(config, run, step)
+
+
+@cache
+def _segment_ends(run):
+    return G.segment_ends(config, run)
+
+
+@signed
 def run_settings(wildcards):
     return res(f"runs/{run_of(wildcards).path}/settings.json")
 
@@ -160,6 +214,7 @@ def preflight_gate(request):
     missing: a set of inputs that changed once the output exists reads as "Set of input files has changed" (the
     profile's rerun trigger `input`), and every finished segment would train again inside the next one's job."""
 
+    @signed
     def gate(wildcards):
         req = request(wildcards)
         return [ancient(res(f"preflight/{PF.shape_name(req)}.json"))] if req else []

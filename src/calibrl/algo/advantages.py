@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from calibrl.algo.registry import Registry
+
+if TYPE_CHECKING:  # torch is imported where a formula runs: the config check reads the names torch-free
+    import torch
 
 EPS = 1e-6
 """Added to group standard deviations, as verl and OpenRLHF do, so all-equal groups give 0 not NaN."""
@@ -58,6 +60,8 @@ def whiten(advantages: torch.Tensor, weights: torch.Tensor | None = None) -> tor
     "Normalize advantages across all experiences"): a response's advantage counts once per token, ``weights`` (same
     shape) being each response's token count (None: one token each); minus the token mean, times
     ``rsqrt(max(var, VAR_FLOOR))`` with ``var`` the token mean of the squared deviations (no Bessel correction)."""
+    import torch
+
     flat = advantages.flatten(start_dim=-2)
     w = torch.ones_like(flat) if weights is None else weights.to(flat.dtype).flatten(start_dim=-2)
     total = w.sum(dim=-1, keepdim=True)
@@ -127,6 +131,8 @@ def iac_factor(advantages: torch.Tensor, alpha: float, successes: torch.Tensor |
     correctness (the CPU trainer its graded ``correct``, OpenRLHF's patch the reward file's 0/1 ``scores``), never
     the reward. ``0 ** 0 == 1``, so alpha = 0 gives a factor of exactly 1 everywhere.
     """
+    import torch
+
     if alpha < 0:
         raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
     g = advantages.shape[-1]
@@ -151,6 +157,8 @@ def iac(advantages: torch.Tensor, alpha: float, successes: torch.Tensor | None =
     advantage, and a wrong one above the mean (possible only with shaped rewards) is not scaled. Without
     ``successes``, the positive advantages (exact for binary rewards; see :func:`iac_factor`). ``alpha == 0``
     returns the input bit for bit."""
+    import torch
+
     if alpha < 0:
         raise ValueError(f"IAC alpha must be >= 0 (Section 3.1), got {alpha}")
     if alpha == 0:
@@ -172,6 +180,8 @@ def advantages(
     group advantages, before its batch transform (``weights``: see :func:`whiten`; ``successes``: the correctness
     IAC counts, see :func:`iac`). OpenRLHF's code has the same order (``calibrl.backends.openrlhf.iac``: IAC on the
     group advantages, then OpenRLHF whitens)."""
+    import torch
+
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
     est = ESTIMATORS[estimator]

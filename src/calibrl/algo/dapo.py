@@ -2,8 +2,9 @@
 
 DAPO's reward is signed: +1 for a correct response, -1 otherwise (verl ``verl/utils/reward_score/math_dapo.py``,
 ``compute_score``: ``reward = 1.0 if correct else -1.0``), plus the soft overlong penalty (verl
-``verl/workers/reward_manager/dapo.py``, ``overlong_buffer_cfg``; the recipe's scripts: ``max_response_length``
-8k, ``overlong_buffer.len`` 4k, ``penalty_factor`` 1.0). The other methods' reward is binary, 1 / 0 (:data:`REWARDS`;
+``verl/workers/reward_manager/dapo.py``, ``overlong_buffer_cfg``; the recipe's scripts: ``overlong_buffer.len``
+4,096, ``penalty_factor`` 1.0, of ``max_response_length`` 20,480 in its Qwen2.5-32B script (DAPO's paper) and 8,192
+in ``test_dapo_7b_math.sh``, the budget here). The other methods' reward is binary, 1 / 0 (:data:`REWARDS`;
 ``calibrl.spec.MethodSpec.reward`` names a run's). The penalty is on the recipe's scale only with the signed
 reward: on 1 / 0 it would be twice as strong against the gap between a correct and a wrong response.
 
@@ -14,7 +15,10 @@ is the CPU trainer's ``_collect``. Its other parts are settings of the shared fo
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a formula runs: REWARDS and PENALTY_FACTOR read torch-free
+    import torch
 
 REWARDS: dict[str, tuple[float, float]] = {
     "binary": (1.0, 0.0),  # the verifiable reward of GRPO and the others (the paper's r in {0, 1})
@@ -29,6 +33,8 @@ PENALTY_FACTOR = 1.0
 def outcome_reward(correct: torch.Tensor, kind: str) -> torch.Tensor:
     """The verifiable reward of responses whose correctness is ``correct`` (bool, any shape), on scale ``kind``
     (:data:`REWARDS`), as float32."""
+    import torch
+
     if kind not in REWARDS:
         raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {kind!r}")
     right, wrong = REWARDS[kind]

@@ -8,8 +8,10 @@ toy, the next-token vocabulary in the trainers and the composite vLLM model.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a formula runs: the config check reads IMPORTANCE torch-free
+    import torch
 
 
 def calibrated_logits(policy_logits: torch.Tensor, memory_logits: torch.Tensor, mu: float) -> torch.Tensor:
@@ -38,6 +40,8 @@ def importance_weights(old_logprobs: torch.Tensor, sampling_logprobs: torch.Tens
     ``old_logprobs``: log pi_theta_old of the sampled tokens; ``sampling_logprobs``: their log-probs under the
     distribution they were drawn from. No gradient flows through the weights.
     """
+    import torch
+
     if mode == "none":
         return torch.ones_like(old_logprobs)
     if mode == "truncated":
@@ -54,4 +58,6 @@ def memory_loss(memory_logits: torch.Tensor, sampled: torch.Tensor, reduction: s
     (padding). ``reduction`` "sum" lets a trainer that sees a step's samples in pieces take the mean over all of
     them (the sum of the pieces over the step's token count), which both trainers do.
     """
+    import torch.nn.functional as F
+
     return F.cross_entropy(memory_logits.reshape(-1, memory_logits.shape[-1]), sampled.reshape(-1), reduction=reduction)

@@ -8,10 +8,12 @@ them or patches this module's function in (Dr. GRPO's constant normaliser).
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from calibrl.algo.registry import Registry
+
+if TYPE_CHECKING:  # torch is imported where a formula runs: the config check reads the names torch-free
+    import torch
 
 KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("KL estimator")
 AGGREGATIONS: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation")
@@ -27,6 +29,8 @@ def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 @KL_ESTIMATORS.register("k3")
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 = r - 1 - log r with r = pi_ref / pi, per token (Schulman; verl's ``low_var_kl``, OpenRLHF ``k3``)."""
+    import torch
+
     log_ratio = logp - ref_logp
     return torch.exp(-log_ratio) - 1 + log_ratio
 
@@ -76,6 +80,8 @@ def policy_loss(
     asymmetric clip-higher), and for negative advantages bounded by ``-A * dual_clip`` (dual clip, Ye et al.,
     2020; verl's ``clip_ratio_c``, OpenRLHF's ``--actor.dual_clip``). ``advantages`` is (B,) per response or
     (B, T). Returns the loss and the indicator of tokens where a clip was active."""
+    import torch
+
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     unclipped = -adv * ratio
