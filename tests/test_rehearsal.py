@@ -54,8 +54,11 @@ FAULTS = (("mid_step", 3), ("before_hf", 4)) if CHOSEN else (("before_hf", 4),)
 
 def rehearsed() -> dict:
     """config/rehearsal.yaml, or the chosen methods of it (:data:`CI_METHODS` unless chosen; the tables cut to
-    them)."""
+    them). CI's subset trains DLC with one rank a role (its time: two ranks on two cores double each launch);
+    ``make rehearsal`` runs the config's two."""
     cfg = copy.deepcopy(CONFIG)
+    if not CHOSEN:
+        cfg["grid"]["models"][MODEL]["resources"]["dlc"]["gpus_per_node"] = 1
     if CHOSEN != "all":
         keep = [m.strip() for m in CHOSEN.split(",") if m.strip()] or list(CI_METHODS)
         grid = cfg["grid"]
@@ -295,7 +298,8 @@ def test_without_the_drivers_dlc_install_the_rehearsal_fails(rehearsal, tmp_path
     )
     python = VLLM_VENV / "bin" / "python"
     script = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"
-    env = {**_env(tmp_path), "RAY_GPUS_PER_NODE": "1", "CALIBRL_REWARD_WORKERS": "1",
+    gpus = json.loads((run_dir / "settings.json").read_text())["resources"]["gpus_per_node"]  # the DLC layout's
+    env = {**_env(tmp_path), "RAY_GPUS_PER_NODE": str(gpus), "CALIBRL_REWARD_WORKERS": "1",
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     env.pop(rehearsal_faults.ENV)
     failed = run(["bash", str(script), str(python), "-c", driver, str(run_dir / "settings.json"), "2"],
@@ -321,11 +325,12 @@ def _training_shapes() -> dict[str, set[str]]:
 def test_the_preflight_trains_each_kind_of_run_as_a_canary_first(rehearsal):
     """The preflight's last check trained each kind of run of its shape (plain, DAPO, DLC among the rehearsed
     methods) 2 steps, saved, and resumed for a third, through the training job's own path, before any GPU job; the DLC
-    kind with 2 ranks a role."""
+    kind with the ranks its layout gives (config/rehearsal.yaml: 2 a role)."""
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
     shapes = _training_shapes()
-    assert shapes.get("n1-gpu2") == {"dlc"} or "dapo_iac_dlc" not in METHODS, shapes
+    dlc_gpus = rehearsed()["grid"]["models"][MODEL]["resources"]["dlc"]["gpus_per_node"]
+    assert "dapo_iac_dlc" not in METHODS or "dlc" in shapes[f"n1-gpu{dlc_gpus}"], shapes
     for shape, kinds in shapes.items():
         report = json.loads((work / RESULTS / "preflight" / f"{shape}.json").read_text())
         row = next(r for r in report["checks"] if r["check"] == "canary")
