@@ -17,8 +17,7 @@ import os
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, copy_workflow, filled, write_config
-from test_slurm import local_slurm, run  # noqa: F401  (the module's SLURM fixture)
+from conftest import REPO, SNAKEMAKE, copy_workflow, filled, run, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -41,7 +40,7 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     grid["eval"].update(dtype="float32", enforce_eager=True)  # vLLM on CPU
     grid["models_dir"] = str(tmp_path / "hub")
     grid["models_lock"] = str(tmp_path / "models.lock.yaml")
-    grid["preflight"] = {"waive": ["gpus", "driver", "flash_attn", "canary"]}  # the rehearsal runs the canary
+    grid["preflight"] = {"waive": ["gpus", "driver", "flash_attn", "canary"]}  # tests/test_rehearsal.py trains canaries
     cfg["results"] = str(tmp_path / "results")
     write_config(work / "smoke.yaml", cfg)
     # the login node's download of Qwen/Qwen3-0.6B, pre-seeded (no Hub here): a tiny Qwen3 at a commit
