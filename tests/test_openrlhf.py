@@ -810,7 +810,7 @@ def test_write_markers(tmp_path):
 
 # ------------------------------------------------------------------------------------------ launcher
 @needs_openrlhf
-def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monkeypatch):
+def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monkeypatch, caplog):
     cfg = paper_config(steps=100, eval_every=50)
     settings = paper_settings(cfg, G.Run("qwen3-8b", "iac", 0), tmp_path)
     run_dir = settings.parent
@@ -856,7 +856,11 @@ def test_launch_main_runs_openrlhf_under_ray_with_the_setup_hook(tmp_path, monke
     (dlc.parent / launch.PROMPTS).write_text((run_dir / launch.PROMPTS).read_text())
     calls.clear()
     monkeypatch.setattr(launch.runpy, "run_module", lambda *a, **k: None)
-    assert launch.main([str(dlc), "100"]) == 1  # the fake run saved no checkpoints
+    with caplog.at_level("ERROR", logger=launch.log.name):
+        assert launch.main([str(dlc), "100"]) == 1  # the fake run saved no checkpoints
+    (ended,) = [r.getMessage() for r in caplog.records if "training ended without" in r.getMessage()]
+    assert "steps [50, 100]" in ended and "dynamic sampling runs out of prompts" in ended  # a DAPO run: the cause
+    assert "DAPO" not in launch.ended_early(RunStamp.read(settings), [50], run_dir)  # a plain run: no such cause
     assert [k for k in calls["init"]["runtime_env"]["env_vars"] if k.startswith("CALIBRL")] == ["CALIBRL_SETTINGS"]
 
 

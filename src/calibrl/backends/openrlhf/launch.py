@@ -139,6 +139,19 @@ def skip_final_save() -> None:
     when_imported(FINAL_SAVE.module, lambda module: FINAL_SAVE.wrap(module, "final_save", make))
 
 
+def ended_early(stamp: RunStamp, missing: list[int], ckpt_dir: Path) -> str:
+    """What the log says when OpenRLHF's ``fit`` returned before the segment's last checkpoint."""
+    text = f"training ended without the checkpoints of steps {missing} in {ckpt_dir}"
+    if stamp.method.dynamic_sampling:  # the way a run ends early by itself: its passes over the prompts ran out
+        text += (
+            "; a DAPO run stops early when its dynamic sampling runs out of prompts: --train.num_episodes passes "
+            "(command.DAPO_EPISODE_FACTOR times a plain run's) held too few groups whose samples do not all score "
+            "the same. The log's 'Filtered out' lines show the groups it dropped (all 0.00: no sample right, the "
+            "policy may have collapsed)"
+        )
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2:
@@ -184,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
     missing = sorted(set(checkpoint_steps(eval_every, stop_at)) - set(done))
     if missing:
-        log.error("training ended without the checkpoints of steps %s in %s", missing, ckpt_dir)
+        log.error("%s", ended_early(stamp, missing, ckpt_dir))
         return 1
     return 0
 
