@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs", "profiles")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 # Ray 2.55.0 as OpenRLHF 0.11.2 pins it (and uv), in a venv of their own (make .venv-cluster/.installed)
+LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
 RAY_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))
 
 
@@ -156,3 +158,46 @@ def fake_run_results(res: Path, runs, k: int, splits=("test",)) -> tuple[list[st
         (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         metrics.append(str(run / "metrics.jsonl"))
     return evals, metrics
+
+
+def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
+    """Run a command in its own process group; on timeout kill the whole group and fail with its output."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} timed out after {timeout}s:\n{out[-4000:]}\n{err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def local_slurm():
+    """A running local SLURM, started once a session (the SLURM lane's modules share it). This pytest
+    process holds it while the tests run; `stop`
+    stops the daemons only if no other holder (another session, a manual `start`) still uses them."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the local SLURM needs Linux")
+    if os.geteuid() != 0:
+        pytest.skip("needs root: scripts/local_slurm.sh installs SLURM with apt-get and starts its daemons")
+    if not (shutil.which("slurmctld") and shutil.which("sbatch")) and not shutil.which("apt-get"):
+        pytest.skip("SLURM is not installed and apt-get is not available to install it")
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        pytest.fail("snakemake-executor-plugin-slurm is not installed: pip install snakemake-executor-plugin-slurm")
+    env = {**os.environ, "LOCAL_SLURM_HOLDER": str(os.getpid())}
+    if env.get("CI"):  # CI containers often resolve their hostname to a network address
+        env.setdefault("LOCAL_SLURM_HOSTS_ENTRY", "1")
+    started = run([str(LOCAL_SLURM), "start"], timeout=900, env=env)
+    if started.returncode != 0:
+        run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
+        pytest.fail(f"scripts/local_slurm.sh start failed:\n{started.stdout}\n{started.stderr[-6000:]}")
+    try:
+        yield
+    finally:
+        stopped = run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
+        assert stopped.returncode == 0, stopped.stderr

@@ -434,9 +434,6 @@ def test_build_stops_without_its_build_requirements_then_takes_a_cached_wheel(tm
     assert "pip cannot install" in proc.stderr and "nvcc" not in proc.stderr
 
 
-from test_slurm import local_slurm  # noqa: E402, F401  (a SLURM on loopback, for the module)
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.usefixtures("local_slurm")

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, ray_python
-from test_slurm import local_slurm  # noqa: F401  (the fixture: a real SLURM on loopback)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "src" / "calibrl" / "gpu" / "ray_cluster.sh"

@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, write_config
+from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, run, write_config
 
 # slow too: minutes, and `-m "not slow"` quick runs should not start daemons
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
 OVERLAY = REPO / "tests" / "slurm_overlay.yaml"
 PROFILE = ["--profile", "slurm", "--profile", str(OVERLAY)]
 # Jobs that go through sbatch; aggregate and toy_mlflow are local rules and run in Snakemake itself.
@@ -44,53 +43,11 @@ LOCAL_RULES = {"aggregate", "toy_mlflow", "grid_mlflow", "run_settings"}
 JOB_ENV = {**os.environ, "CALIBRL_GPU_VENV": sys.prefix}
 
 
-def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
-    """Run a command in its own process group; on timeout kill the whole group and fail with its output."""
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, cmd))} timed out after {timeout}s:\n{out[-4000:]}\n{err[-6000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def snakemake_slurm(workdir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
     return run([*SNAKEMAKE, *PROFILE, *args], cwd=workdir, timeout=timeout, env=JOB_ENV)
 
 
 # ----------------------------------------------------------------------------------------- cluster
-@pytest.fixture(scope="module")
-def local_slurm():
-    """A running local SLURM for the module. This pytest process holds it while the tests run; `stop`
-    stops the daemons only if no other holder (another session, a manual `start`) still uses them."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the local SLURM needs Linux")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: scripts/local_slurm.sh installs SLURM with apt-get and starts its daemons")
-    if not (shutil.which("slurmctld") and shutil.which("sbatch")) and not shutil.which("apt-get"):
-        pytest.skip("SLURM is not installed and apt-get is not available to install it")
-    try:
-        import snakemake_executor_plugin_slurm  # noqa: F401
-    except ImportError:
-        pytest.fail("snakemake-executor-plugin-slurm is not installed: pip install snakemake-executor-plugin-slurm")
-    env = {**os.environ, "LOCAL_SLURM_HOLDER": str(os.getpid())}
-    if env.get("CI"):  # CI containers often resolve their hostname to a network address
-        env.setdefault("LOCAL_SLURM_HOSTS_ENTRY", "1")
-    started = run([str(LOCAL_SLURM), "start"], timeout=900, env=env)
-    if started.returncode != 0:
-        run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
-        pytest.fail(f"scripts/local_slurm.sh start failed:\n{started.stdout}\n{started.stderr[-6000:]}")
-    try:
-        yield
-    finally:
-        stopped = run([str(LOCAL_SLURM), "stop"], timeout=120, env=env)
-        assert stopped.returncode == 0, stopped.stderr
-
-
 def slurmctld_log() -> str:
     conf = run(["scontrol", "show", "config"]).stdout
     path = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", conf, re.M).group(1)
