@@ -1,6 +1,6 @@
 # make run   : create .venv, install, run the embedded default (snakemake --cores all: every core; CORES=2 make run for two)
 # make test  : create .venv, .venv-cluster and .venv-vllm, run the test suite (ruff and snakemake --lint
-#              included) in .venv, then the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
+#              included) in .venv and the real-vLLM tests (pytest -m vllm) in .venv-vllm; fails if a venv
 #              cannot be built
 # make test-vllm : only the real-vLLM tests (DLC composite model, memory actor, checkpoint evaluation
 #              and ranking against the CPU evaluator, DeepSpeed's optimizer patch) in .venv-vllm
@@ -68,24 +68,30 @@ run: $(VENV)/.installed
 toy: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES) toy
 
-test: test-main test-vllm
+# VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
+# CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
+VLLM_TESTS := CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+	$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_fused_adam.py
+
+# make test: test-main's two lanes, the vLLM tests following the shorter one (the SLURM lane is the longest).
+test: AFTER_REST = $(VLLM_TESTS)
+test: test-main
 
 # .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
 # .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
 # Two lanes side by side (tests/conftest.py splits them by CALIBRL_TEST_LANE): the modules on the local SLURM, which
-# mostly wait on the scheduler, and the rest; the SLURM lane's output follows the other's. Fails if either fails.
+# mostly wait on the scheduler, and the rest (then AFTER_REST: make test's vLLM tests); the SLURM lane's output
+# follows. Fails if any fails.
 test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
 	@rm -f .test-slurm.log; \
 	CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm" > .test-slurm.log 2>&1 & slurm=$$!; \
 	CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; rest=$$?; \
+	$(or $(AFTER_REST),true); after=$$?; \
 	wait $$slurm; lane=$$?; echo "==== the SLURM lane (CALIBRL_TEST_LANE=slurm) ===="; cat .test-slurm.log; \
-	test $$rest -eq 0 && test $$lane -eq 0
+	test $$rest -eq 0 && test $$after -eq 0 && test $$lane -eq 0
 
-# VLLM_CPU_KVCACHE_SPACE (GiB) is required on CPU; HF_HUB_OFFLINE: the tests build their models locally;
-# CALIBRL_REQUIRE_VLLM: a missing vllm fails the tests instead of skipping them.
 test-vllm: $(VLLM_VENV)/.installed
-	CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-		$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_fused_adam.py
+	$(VLLM_TESTS)
 
 # every method of config/paper.yaml through SLURM, the preflight, OpenRLHF's driver, Ray, vLLM and DeepSpeed on CPU
 rehearsal: $(VENV)/.installed $(VLLM_VENV)/.installed
