@@ -329,12 +329,6 @@ def stamp(settings: dict, inputs: dict, paths: dict | None = None, resources: di
     return RunStamp.build(settings, inputs, paths, resources).to_dict()
 
 
-def read_stamp(path: str | Path) -> dict:
-    """A run's ``settings.json`` content as a plain dict (:meth:`RunStamp.read`'s :meth:`RunStamp.to_dict`), for
-    a reader that has not moved to :class:`RunStamp` yet."""
-    return RunStamp.read(path).to_dict()
-
-
 def claim(run_dir: str | Path, new: RunStamp | dict) -> bool:
     """Make the run folder safe to resume under the stamp ``new``. Returns True when its existing
     checkpoints were made with exactly these settings and inputs and may be resumed; otherwise moves them

@@ -79,7 +79,7 @@ def _training_so_far(folder: Path, run: str):
     try:
         with tempfile.TemporaryDirectory(prefix="calibrl-live-") as tmp:
             out = Path(tmp) / "metrics.jsonl"
-            backends.get(checkpoints.read_stamp(str(settings))["settings"]["backend"]).metrics(str(folder), str(out))
+            backends.get(checkpoints.RunStamp.read(settings).settings["backend"]).metrics(str(folder), str(out))
             rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     except Exception as err:  # noqa: BLE001 - the final sync logs them; this round goes on without
         log.debug("training metrics of %s not readable yet: %r", folder, err)

@@ -135,7 +135,7 @@ class OpenRLHFBackend:
         for name in MODEL_INPUTS:  # the login node's downloads, at the commits of the lock file
             if f"{name}_info" in stamp.paths:
                 log.info("%s: %s at %s", name, stamp.paths[name], verify_info(stamp.paths[f"{name}_info"]))
-        prepare(stamp.to_dict(), Path(settings_path).parent / PROMPTS)  # data.prepare takes the plain content
+        prepare(stamp, Path(settings_path).parent / PROMPTS)
         launch = [sys.executable, "-m", "calibrl.backends.openrlhf.launch", str(settings_path), str(int(stop_at))]
         argv = ["bash", str(RAY_CLUSTER), *launch]
         # Inside the executor's job step SLURM_GPUS_ON_NODE is that step's count: the layout's GPUs per node.

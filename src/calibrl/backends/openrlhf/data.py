@@ -23,6 +23,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from calibrl.checkpoints import RunStamp
+
 log = logging.getLogger("calibrl.openrlhf.data")
 
 PROMPT_KEY = "prompt"
@@ -92,16 +94,17 @@ def write_prompts(
     return write_jsonl(out_path, rows)
 
 
-def prepare(stamp: dict, out_path: str | Path, tokenizer=None) -> int:
-    """The prompt file of the run of ``stamp`` (its settings.json): the training set shuffled with the data seed, the
-    filtering baseline's easiest queries removed by the initial model's success rates (``paths.success``, rule
-    rank_train), rendered through the model's chat template (``tokenizer``; loaded from the downloaded policy folder
-    when none is given) exactly as evaluation renders them, less the prompts of more than ``max_prompt_len`` tokens
-    of that tokenizer (:func:`write_prompts`). Returns the row count."""
+def prepare(stamp: RunStamp | dict, out_path: str | Path, tokenizer=None) -> int:
+    """The prompt file of the run of ``stamp`` (its settings.json, or that file's content): the training set shuffled
+    with the data seed, the filtering baseline's easiest queries removed by the initial model's success rates
+    (``paths.success``, rule rank_train), rendered through the model's chat template (``tokenizer``; loaded from the
+    downloaded policy folder when none is given) exactly as evaluation renders them, less the prompts of more than
+    ``max_prompt_len`` tokens of that tokenizer (:func:`write_prompts`). Returns the row count."""
     from calibrl.algo import filtering
     from calibrl.data.records import read_jsonl
 
-    settings, paths = stamp["settings"], stamp["paths"]
+    stamp = RunStamp.of(stamp)
+    settings, paths = stamp.settings, stamp.paths
     records = list(read_jsonl(paths["train"], on_error=settings["on_error"]))
     random.Random(f"train-order:{settings['data_seed']}").shuffle(records)
     has_tokenizer = (Path(paths["init"]) / "tokenizer_config.json").is_file()  # the job's downloaded policy folder
