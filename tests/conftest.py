@@ -176,9 +176,9 @@ def run(cmd, cwd=None, timeout=60, env=None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def local_slurm():
-    """A running local SLURM, started once a session (the SLURM lane's modules share it). This pytest
-    process holds it while the tests run; `stop`
-    stops the daemons only if no other holder (another session, a manual `start`) still uses them."""
+    """A running local SLURM, started once a session (the SLURM lane's modules share it). This pytest process
+    holds it while the tests run; `stop` stops the daemons only if no other holder (another session, a manual
+    `start`) still uses them."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the local SLURM needs Linux")
     if os.geteuid() != 0:
