@@ -325,6 +325,11 @@ def combos(name):
                 f"grid.models.{main}.resources.actor_gpus_per_node",
             ),
             ("empty hf_id", set_(("grid", "models", main, "hf_id"), ""), f"grid.models.{main}.hf_id"),
+            (
+                "the control arm at paper scale",
+                set_(("grid", "methods", "grpo", "shuffle_rewards"), True),
+                "grid.methods.grpo.shuffle_rewards",
+            ),
         ]
     return cases
 

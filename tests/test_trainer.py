@@ -107,6 +107,25 @@ def test_iac_in_the_trainer_counts_correct_responses_not_shaped_rewards(init_dir
     assert torch.allclose(got[1:, 0], a[1:, 0] * 9) and torch.equal(got[1:, 1:], a[1:, 1:])  # one success: 3^2
 
 
+def test_the_control_arm_trains_on_the_steps_rewards_permuted_across_its_responses(init_dir, records, tmp_path):
+    """shuffle_rewards: the same samples as GRPO's at the same seed, the same multiset of (reward, correct) pairs,
+    each pair moved to another response by one permutation (calibrl.algo.control); GRPO's stay in place."""
+
+    def score(texts, recs):
+        return [(i % 3 == 0, None) for i in range(len(texts))]
+
+    control = make(Method("grpo", shuffle_rewards=True), init_dir, records, score, tmp_path / "control")
+    grpo = make(Method("grpo"), init_dir, records, score, tmp_path / "grpo")
+    shuffled, plain = control._rollout(records[:4]), grpo._rollout(records[:4])
+    assert torch.equal(shuffled.rollout.sequences, plain.rollout.sequences)  # same seed, same samples
+    assert torch.equal(plain.correct, torch.tensor([i % 3 == 0 for i in range(16)]))
+    assert not torch.equal(shuffled.correct, plain.correct)  # moved (a fixed seed: not by chance equal)
+    assert sorted(zip(shuffled.rewards.tolist(), shuffled.correct.tolist())) == sorted(
+        zip(plain.rewards.tolist(), plain.correct.tolist())
+    )
+    assert torch.equal(shuffled.rewards, shuffled.correct.float())  # each reward still with its own correctness
+
+
 def test_dapo_filter_drops_groups_of_constant_accuracy(init_dir, records, scorer, tmp_path):
     """verl's filter_groups.metric acc: the filter reads correctness; the overlong shaping changes rewards only."""
     trainer = make(Method("grpo", dapo=True), init_dir, records, scorer, tmp_path)

@@ -1,12 +1,12 @@
 """What a run trains with, typed: its method compiled once, and the settings shared by every method.
 
 A method in the config is a bundle of switches (``grid.methods.<name>``: estimator, IAC's alpha, DLC's mu,
-DAPO, the filtering share, the loss aggregation). :func:`compile_method` turns it, with ``grid.train``, into a
-:class:`MethodSpec` that holds every consequence of those switches (DAPO: no KL, clip-higher, dual clip 10,
-token-mean, a +1 / -1 reward with overlong shaping, dynamic sampling; DLC: the memory's learning rate): the one
-place a switch is interpreted. The spec goes into the run's ``settings.json``, which both backends read rather than
-re-derive a switch from the raw config. Defaults live in the config schema (``calibrl.config``): these classes take
-complete dicts.
+DAPO, the filtering share, the control's shuffled rewards, the loss aggregation). :func:`compile_method` turns it,
+with ``grid.train``, into a :class:`MethodSpec` that holds every consequence of those switches (DAPO: no KL,
+clip-higher, dual clip 10, token-mean, a +1 / -1 reward with overlong shaping, dynamic sampling; DLC: the memory's
+learning rate): the one place a switch is interpreted. The spec goes into the run's ``settings.json``, which both
+backends read rather than re-derive a switch from the raw config. Defaults live in the config schema
+(``calibrl.config``): these classes take complete dicts.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class MethodSpec:
     dlc_mu: float  # 0: no DLC
     dapo: bool
     filter_easiest: float  # Table 5's filtering baseline: the easiest share of queries dropped (0: none)
+    shuffle_rewards: bool  # the control arm: each step's rewards permuted across its responses (calibrl.algo.control)
     loss_agg: str  # calibrl.algo.losses.AGGREGATIONS
     kl_coef: float  # 0: no KL term and no reference model
     kl_estimator: str  # calibrl.algo.losses.KL_ESTIMATORS
@@ -95,6 +96,7 @@ def compile_method(name: str, switches: dict, train: dict) -> MethodSpec:
         dlc_mu=mu,
         dapo=dapo,
         filter_easiest=share,
+        shuffle_rewards=bool(switches["shuffle_rewards"]),
         # DAPO (Yu et al., 2025; verl's recipe): token-mean, no KL, clip-higher, dual clip 10, the signed reward
         # with overlong shaping, dynamic sampling
         loss_agg="token-mean" if dapo else loss_agg,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from calibrl.algo import dapo, filtering
+from calibrl.algo import control, dapo, filtering
 from calibrl.algo.advantages import advantages
 from calibrl.algo.dlc import importance_weights, memory_loss
 from calibrl.algo.losses import KL_ESTIMATORS, aggregate, policy_loss
@@ -216,6 +216,8 @@ class Trainer:
         # 1 / 0, or DAPO's +1 / -1 with its overlong shaping (calibrl.algo.dapo, verl's recipe)
         lengths = roll.response_mask.sum(-1)
         rewards = dapo.reward(correct, lengths, self.spec.reward, self.s.max_new_tokens, self.spec.overlong_cache)
+        if self.spec.shuffle_rewards:
+            rewards, correct = control.shuffled(rewards, correct, self.generator)
         return Batch(roll, rewards, correct, [c for _, c in graded], prompts)
 
     def _dapo_keep(self, batch: Batch) -> torch.Tensor:

@@ -62,6 +62,8 @@ class OpenRLHFBackend:
                     out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
         batch = grid["train"]["prompts_per_step"]
         for spec in {spec.name: spec for _, spec in runs}.values():  # a method the trainer has no formula for
+            if spec.shuffle_rewards:
+                out.append((f"grid.methods.{spec.name}.shuffle_rewards", "the control arm runs on trainer local only"))
             if spec.estimator not in ESTIMATORS:
                 what = f"{spec.estimator!r} has no OpenRLHF estimator (trainer openrlhf runs {sorted(ESTIMATORS)})"
                 out.append((f"grid.methods.{spec.name}.estimator", what))
