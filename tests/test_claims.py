@@ -37,6 +37,31 @@ def test_verdicts_are_five_way():
     assert set(S.VERDICTS) == {"holds", "contradicted", "negligible", "absent", "inconclusive"}
 
 
+def test_a_verdict_reads_with_its_interval_against_the_margin():
+    """A difference found whose 90% interval lies inside the margin reads "holds (below the margin)" (the case a
+    plain "holds" hid: P2 of the fourth revision, 90% CI [0.70, 1.97] against +-2); one shown at least the margin
+    (minimum-effect p < level) reads so; a negligible one says its side."""
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 1, 24)
+    noise = (noise - noise.mean()) / noise.std(ddof=1)  # sd 1: se 0.204 over 24 seeds
+    below, large, small_neg = 1.3 + noise, 4.0 + noise, -0.9 + 0.5 * noise
+    # the verdicts as Holm leaves them: below's equivalence p (0.001 unadjusted) not significant once adjusted
+    for d, direction, v, want in (
+        (below, 1, "holds", "holds (below the margin)"),
+        (large, 1, "holds", "holds (at least the margin)"),
+        (small_neg, 1, "negligible", "negligible (against the claim)"),
+        (small_neg, -1, "negligible", "negligible (in the claimed direction)"),
+    ):
+        e = S.paired(d, margin=2.0)
+        assert S.reading(v, e, direction) == want, (want, e)
+        low, high, p_min = S.against_margin(e, direction)
+        assert low < e.estimate < high and (p_min < 0.05) == (want == "holds (at least the margin)")
+    e = S.paired(below, margin=2.0)
+    low, high, _ = S.against_margin(e, 1)
+    assert -2.0 < low and high < 2.0 and e.p_equiv < 0.05  # the 90% interval inside: TOST's equivalence at 0.05
+    assert S.reading("inconclusive", e, 1) == "inconclusive" and S.reading("holds", None, 1) == "holds"
+
+
 def test_decide_adjusts_over_the_family_and_leaves_missing_claims_undecided():
     rng = np.random.default_rng(0)
     big = 5.0 + rng.normal(0, 1, 16)  # far above a margin of 1
@@ -72,6 +97,40 @@ def test_zero_variance_is_the_exact_sign_flip_test_not_p_zero():
 def test_one_seed_is_never_decided():
     e = S.paired(np.array([3.0]), margin=1.0)
     assert e.seeds == 1 and np.isnan(e.p) and S.verdict(e.estimate, e.p, e.p_equiv) == "inconclusive"
+
+
+def test_a_secondary_family_is_decided_after_the_primaries_with_holm_within_it(tmp_path):
+    """The plan's secondary claims (here: the primaries' comparisons on ood alone) are decided as the primaries, in
+    their own family (Holm within it: the primaries' p-values do not change), labelled "secondary"."""
+    from calibrl.report.load import load_per_problem
+
+    grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
+            "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": [], "figure6": []},
+            "data": {"source": "countdown", "seed": 0, "eval_splits": ["test", "ood"]}}  # fmt: skip
+    secondary = """secondary:
+  - {id: S1, claim: IAC above GRPO on ood, arms: [iac, grpo], metric: avg_at_8, checkpoints: 2, direction: above,
+     margin: 2.0, splits: {ood: 1}}
+  - {id: S2, claim: filtering above GRPO on ood, arms: [filter, grpo], metric: avg_at_8, checkpoints: 2,
+     direction: above, margin: 5.0, splits: {ood: 1}}
+"""
+    (tmp_path / "plan.yaml").write_text(PLAN)
+    alone = AP.load(tmp_path / "plan.yaml")
+    (tmp_path / "plan.yaml").write_text(PLAN + secondary)
+    plan = AP.load(tmp_path / "plan.yaml")
+    assert [c.id for c in plan.claims()] == ["P1", "P2", "P3", "S1", "S2"] and plan.arms() == alone.arms()
+    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=list(plan.seeds))
+    pp = load_per_problem([*paths, *base_files(tmp_path, plan.seeds, distinct=3)], tmp_path)
+    by = C.grid_claims(pp, pd.DataFrame(), grid, plan).set_index("claim")
+    s1, s2 = by.loc["S1: IAC above GRPO on ood"], by.loc["S2: filtering above GRPO on ood"]
+    assert s1["role"] == s2["role"] == "secondary" and s1["verdict"] == "holds" and s2["verdict"] != "holds"
+    low, high = sorted((s1["p"], s2["p"]))  # Holm over the two of the family, not over five
+    assert sorted((s1["p_holm"], s2["p_holm"])) == pytest.approx([2 * low, max(2 * low, high)])
+    primaries = [f"{c.id}: {c.claim}" for c in plan.primaries]
+    (tmp_path / "plan.yaml").write_text(PLAN)  # the same seeds' files: the primaries as if there were no secondaries
+    repl = {s: t for s, t in zip(plan.seeds, alone.seeds)}
+    moved = pp.assign(seed=pp["seed"].map(repl))
+    without = C.grid_claims(moved, pd.DataFrame(), grid, alone).set_index("claim")
+    assert np.allclose(by.loc[primaries, "p_holm"], without.loc[primaries, "p_holm"])
 
 
 def test_power_matches_a_simulation():

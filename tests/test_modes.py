@@ -2,6 +2,7 @@
 probability sums its written forms, and the evaluation job records every problem's modes."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -86,3 +87,21 @@ def test_the_evaluation_job_records_every_problems_modes(tmp_path):
     got = json.loads(out.read_text())["splits"]["test"]["per_problem"]["modes"]
     assert [sorted(m) for m in got] == [sorted(r["verifier"]["solutions"]) for r in records]
     assert all(np.isfinite(v) and v < 0 for m in got for v in m.values())
+
+
+def test_the_readings_split_an_over_sharpened_problem_into_reallocated_and_declined():
+    """Over-sharpened (a correct mode below half its reference) is reallocated when another correct mode rose and
+    declined when none did; a problem neither is not over-sharpened."""
+    half = math.log(0.5)
+    ref = {"1+2": -1.0, "3-0": -2.0}
+    cases = {
+        "reallocated": {"1+2": -1.0 + 2 * half, "3-0": -1.5},  # one halved twice over, the other rose
+        "declined": {"1+2": -1.0 + 2 * half, "3-0": -2.1},  # one halved twice over, the other fell a little
+        "neither": {"1+2": -1.0 + 0.5 * half, "3-0": -1.0},  # no mode below half its reference
+    }
+    for name, new in cases.items():
+        got = {kind: modes.reading(kind, new, ref, 0.5) for kind in modes.READINGS}
+        assert got["oversharpened"] == (name != "neither"), name
+        assert got["reallocated"] == (name == "reallocated") and got["declined"] == (name == "declined"), name
+    with pytest.raises(ValueError, match="unknown reading"):
+        modes.reading("collapsed", ref, ref)

@@ -91,7 +91,7 @@ def test_other_grid_compares_orderings_only(tmp_path):
     )  # fmt: skip
     summary = R.render_summary(claims, checks, matched, pd.DataFrame(), grid)
     assert "only orderings and signs" in summary and "disagree with its numbers in 17 cells" in summary
-    assert "| IAC above grpo | exploratory | +1.50 | [+0.50, +2.50] | 3 | 0.01 | **holds** |" in summary
+    assert "| IAC above grpo | exploratory | +1.50 | [+0.50, +2.50] | - | - | 3 | 0.01 | **holds** |" in summary
     assert "exploratory: 1 holds, 0 contradicted, 0 negligible, 0 absent, 0 inconclusive." in summary
 
 

@@ -28,8 +28,11 @@ from pathlib import Path
 
 import yaml
 
+# Definition 2.1's per-problem readings a claim can count (calibrl.modes.reading): some correct mode fell, and of
+# those problems, another correct mode rose (reallocated) or none did (declined)
+DEFINITION_2_1 = ("oversharpened", "reallocated", "declined")
 BASE = "base"  # the arm of the warm start (the model every run starts from), evaluated at step 0 per seed
-METRIC = re.compile(r"^(pass_at_\d+|avg_at_\d+|distinct|oversharpened)$")
+METRIC = re.compile(r"^(pass_at_\d+|avg_at_\d+|distinct|oversharpened|reallocated|declined)$")  # calibrl.modes.READINGS
 
 
 class PlanError(ValueError):
@@ -51,7 +54,7 @@ class Primary:
     margin: float
     unit: str
     splits: tuple[tuple[str, float], ...]  # (split, weight): the weight of each evaluation split in the quantity
-    factor: float = 1.0  # metric oversharpened: a correct mode counts as suppressed below this share of the base's
+    factor: float = 1.0  # metrics DEFINITION_2_1: a correct mode counts as suppressed below this share of the base's
     scope: str = ""  # what the verdict can and cannot support about the paper's claim at scale (the summary shows it)
 
     @property
@@ -78,10 +81,16 @@ class Plan:
     looks: tuple[int, ...]
     power: float
     primaries: tuple[Primary, ...]
+    secondaries: tuple[Primary, ...] = ()  # a second family, decided as the primaries (Holm within it), after them
+    not_decided: tuple[tuple[str, str], ...] = ()  # (claim, why): what the plan says in advance it cannot decide
     step: int | None = None  # the checkpoint the primaries read: the run's final step (grid.train.steps)
 
     def arms(self) -> set[str]:
-        return {a for p in self.primaries for a in p.arms if a != BASE}
+        return {a for p in self.claims() for a in p.arms if a != BASE}
+
+    def claims(self) -> tuple[Primary, ...]:
+        """Every claim the plan decides: the primaries, then the secondaries."""
+        return (*self.primaries, *self.secondaries)
 
 
 SEED_RANGE = (1_000, 1_000_000)  # drawn seeds: far from the small numbers people pick by hand
@@ -147,43 +156,14 @@ def load(path: str | Path) -> Plan:
     if list(looks) != [n_data]:
         raise PlanError(f"{where}: looks {list(looks)}: only a single look at all {n_data} data seeds is implemented")
     default_splits = raw.get("splits")
-    primaries = []
-    for i, p in enumerate(_need(raw, "primary", where)):
-        at = f"{where}: primary[{i}]"
-        arms = tuple(_need(p, "arms", at))
-        metric = str(_need(p, "metric", at))
-        if len(arms) != 2 or arms[0] == BASE:
-            raise PlanError(f"{at}: arms must be two, the first a method (base only second): {list(arms)}")
-        if not METRIC.match(metric):
-            raise PlanError(f"{at}: metric {metric!r} is not pass_at_K, avg_at_K or distinct")
-        direction = {"above": 1, "below": -1}.get(_need(p, "direction", at))
-        if direction is None:
-            raise PlanError(f"{at}: direction must be 'above' or 'below'")
-        splits = p.get("splits", default_splits)
-        if not isinstance(splits, dict) or not splits:
-            raise PlanError(f"{at}: splits: give the evaluation splits' weights, {{split: weight}} (here or plan-wide)")
-        if any(not isinstance(w, (int, float)) or w < 0 for w in splits.values()) or not sum(splits.values()) > 0:
-            raise PlanError(f"{at}: splits {splits}: weights must be numbers >= 0, not all 0")
-        factor = float(p.get("factor", 1.0))
-        if not 0 < factor <= 1 or ("factor" in p and metric != "oversharpened"):
-            raise PlanError(f"{at}: factor {factor} is a share in (0, 1], for metric oversharpened only")
-        primaries.append(
-            Primary(
-                id=str(_need(p, "id", at)),
-                claim=str(_need(p, "claim", at)),
-                arms=arms,  # type: ignore[arg-type]
-                metric=metric,
-                checkpoints=int(p.get("checkpoints", 1)),
-                direction=direction,
-                margin=float(_need(p, "margin", at)),
-                unit=str(p.get("unit", "points")),
-                splits=tuple((str(k), float(w)) for k, w in splits.items() if w > 0),
-                factor=factor,
-                scope=" ".join(str(p.get("scope", "")).split()),
-            )
-        )
-    if len({p.id for p in primaries}) != len(primaries):
-        raise PlanError(f"{where}: primary ids are not unique")
+    primaries = [
+        _claim(p, f"{where}: primary[{i}]", default_splits) for i, p in enumerate(_need(raw, "primary", where))
+    ]
+    secondaries = [
+        _claim(p, f"{where}: secondary[{i}]", default_splits) for i, p in enumerate(raw.get("secondary", []))
+    ]
+    if len({p.id for p in [*primaries, *secondaries]}) != len(primaries) + len(secondaries):
+        raise PlanError(f"{where}: claim ids are not unique (primary and secondary)")
     return Plan(
         path=str(path),
         sha256=sha,
@@ -194,7 +174,46 @@ def load(path: str | Path) -> Plan:
         looks=looks,
         power=float(raw.get("power", 0.8)),
         primaries=tuple(primaries),
+        secondaries=tuple(secondaries),
+        not_decided=tuple(
+            (str(_need(n, "claim", f"{where}: not_decided[{i}]")), " ".join(str(n.get("why", "")).split()))
+            for i, n in enumerate(raw.get("not_decided", []))
+        ),
         step=int(raw["step"]) if "step" in raw else None,
+    )
+
+
+def _claim(p: dict, at: str, default_splits: dict | None) -> Primary:
+    """One claim of the plan (a primary or a secondary), validated; errors name the file, the family and the index."""
+    arms = tuple(_need(p, "arms", at))
+    metric = str(_need(p, "metric", at))
+    if len(arms) != 2 or arms[0] == BASE:
+        raise PlanError(f"{at}: arms must be two, the first a method (base only second): {list(arms)}")
+    if not METRIC.match(metric):
+        raise PlanError(f"{at}: metric {metric!r} is not pass_at_K, avg_at_K, distinct or one of {DEFINITION_2_1}")
+    direction = {"above": 1, "below": -1}.get(_need(p, "direction", at))
+    if direction is None:
+        raise PlanError(f"{at}: direction must be 'above' or 'below'")
+    splits = p.get("splits", default_splits)
+    if not isinstance(splits, dict) or not splits:
+        raise PlanError(f"{at}: splits: give the evaluation splits' weights, {{split: weight}} (here or plan-wide)")
+    if any(not isinstance(w, (int, float)) or w < 0 for w in splits.values()) or not sum(splits.values()) > 0:
+        raise PlanError(f"{at}: splits {splits}: weights must be numbers >= 0, not all 0")
+    factor = float(p.get("factor", 1.0))
+    if not 0 < factor <= 1 or ("factor" in p and metric not in DEFINITION_2_1):
+        raise PlanError(f"{at}: factor {factor} is a share in (0, 1], for metrics {DEFINITION_2_1} only")
+    return Primary(
+        id=str(_need(p, "id", at)),
+        claim=str(_need(p, "claim", at)),
+        arms=arms,  # type: ignore[arg-type]
+        metric=metric,
+        checkpoints=int(p.get("checkpoints", 1)),
+        direction=direction,
+        margin=float(_need(p, "margin", at)),
+        unit=str(p.get("unit", "points")),
+        splits=tuple((str(k), float(w)) for k, w in splits.items() if w > 0),
+        factor=factor,
+        scope=" ".join(str(p.get("scope", "")).split()),
     )
 
 
@@ -212,7 +231,7 @@ def check_config(plan: Plan, grid: dict) -> None:
         )
     if grid["data"]["source"] != "countdown":
         raise PlanError(f"{plan.path}: data seeds make new problems: only grid.data.source countdown has them")
-    for p in plan.primaries:
+    for p in plan.claims():
         if unknown := sorted(set(p.weights()) - set(grid["data"]["eval_splits"])):
             raise PlanError(f"{plan.path}: {p.id} weighs splits {unknown} that grid.data.eval_splits does not evaluate")
     if plan.step is not None and grid["train"]["steps"] != plan.step:
@@ -220,7 +239,7 @@ def check_config(plan: Plan, grid: dict) -> None:
             f"grid.train.steps is {grid['train']['steps']}: the plan ({plan.path}) decides at step {plan.step}, the "
             "final checkpoint; train that many steps or write a new plan"
         )
-    need = max((p.k() or 0) for p in plan.primaries)
+    need = max((p.k() or 0) for p in plan.claims())
     if grid["eval"]["n"] < need:
         raise PlanError(f"grid.eval.n is {grid['eval']['n']}: the plan's pass@{need} needs at least {need} samples")
 

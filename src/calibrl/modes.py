@@ -7,6 +7,10 @@ falls). In the countdown task (``calibrl.data.countdown``) a problem's correct m
 from samples: the sum over the ways the mode is written as the warm start teaches it (both operand orders for
 ``+`` and ``*``), each followed by the end of sequence. Texts the grader also accepts (anything after ``=`` or a
 newline) are not counted: a lower bound on each mode's mass, the same one for every model compared.
+
+Two readings split an over-sharpened problem in two (:data:`READINGS`): **reallocated**, a correct mode fell while
+another rose (the mass moved between correct answers: the sharpening Definition 2.1 is about), and **declined**,
+none rose (every correct answer lost mass, as a policy that drifts away from the task loses it).
 """
 
 from __future__ import annotations
@@ -14,9 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from calibrl.analysis_plan import DEFINITION_2_1
 from calibrl.data.countdown import canonical, parse_expression
 
 # torch and the model code are imported where the models are run: the report reads suppressed() without them
+
+# the per-problem readings of Definition 2.1 a claim can count (calibrl.report.claims.problem_quantity), named in
+# the analysis plan's layer, below this one, so that a plan is validated without the model code
+READINGS = DEFINITION_2_1
 
 
 def written(mode: str) -> list[str]:
@@ -81,3 +90,18 @@ def suppressed(new: Mapping[str, float], ref: Mapping[str, float], factor: float
     if not 0 < factor <= 1:
         raise ValueError(f"factor must be in (0, 1], got {factor}")
     return sum(new[m] < ref[m] + math.log(factor) for m in ref) / len(ref)
+
+
+def reading(kind: str, new: Mapping[str, float], ref: Mapping[str, float], factor: float = 1.0) -> bool:
+    """Whether a problem is ``kind`` (:data:`READINGS`): over-sharpened (some correct mode below ``factor`` times
+    its reference probability), and of those, reallocated (another correct mode above its reference) or declined
+    (none above it)."""
+    fell = suppressed(new, ref, factor) > 0
+    if kind == "oversharpened":
+        return fell
+    rose = any(new[m] > ref[m] for m in ref)  # a fallen mode is below its reference: "another" is implied
+    if kind == "reallocated":
+        return fell and rose
+    if kind == "declined":
+        return fell and not rose
+    raise ValueError(f"unknown reading {kind!r}: one of {READINGS}")

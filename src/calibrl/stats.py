@@ -128,6 +128,36 @@ def verdict(estimate: float, p: float, p_equiv: float = float("nan"), direction:
     return "absent" if equivalent else "inconclusive"
 
 
+def against_margin(e: Estimate, direction: int, level: float = LEVEL) -> tuple[float, float, float]:
+    """(low, high, p): the estimate's (1 - 2 ``level``) interval, the one TOST reads (inside +-margin: equivalent at
+    ``level``), and the one-sided p that the effect in the claimed ``direction`` exceeds the margin (the minimum-effect
+    test: small when the effect is shown at least as large as the smallest effect that matters). Unadjusted."""
+    nan = float("nan")
+    if not (e.seeds >= 2 and e.se > 0 and np.isfinite(e.margin)):
+        return nan, nan, nan
+    df = e.seeds - 1
+    half = float(special.stdtrit(df, 1 - level) * e.se)
+    p_min = float(special.stdtr(df, -(e.estimate * direction - e.margin) / e.se))
+    return e.estimate - half, e.estimate + half, p_min
+
+
+def reading(verdict: str, e: Estimate | None, direction: int, level: float = LEVEL) -> str:
+    """The verdict with what its interval says beside it: whether a difference found is below the margin (its
+    (1 - 2 ``level``) interval inside +-margin) or shown at least as large, and which way a negligible one goes, so
+    that "holds" never hides an effect shown smaller than the plan's smallest effect."""
+    if e is None or not np.isfinite(e.estimate):
+        return verdict
+    low, high, p_min = against_margin(e, direction, level)
+    side = "in the claimed direction" if e.estimate * direction > 0 else "against the claim"
+    if verdict == "holds":
+        if np.isfinite(low) and -e.margin < low and high < e.margin:
+            return "holds (below the margin)"
+        return "holds (at least the margin)" if p_min < level else "holds (size unresolved)"
+    if verdict == "negligible":
+        return f"negligible ({side})"
+    return verdict
+
+
 @dataclass
 class Decision:
     """A family's decisions, one entry per claim (``None`` where a claim has no data: ``inconclusive``)."""

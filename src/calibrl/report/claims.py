@@ -27,7 +27,8 @@ from calibrl.metrics import pass_at_k
 from calibrl.report.load import metrics
 
 COLUMNS = ["claim", "role", "source", "quantity", "estimate", "ci_low", "ci_high", "seeds", "df", "p", "p_holm",
-           "p_equiv", "p_equiv_holm", "margin", "verdict", "note", "plan_sha256"]  # fmt: skip
+           "p_equiv", "p_equiv_holm", "margin", "verdict", "note", "plan_sha256",
+           "ci90_low", "ci90_high", "p_min_effect", "reading"]  # fmt: skip
 KEYS = ["model", "method", "seed", "split", "problem"]
 
 
@@ -116,8 +117,8 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int, factor: float = 1
     sub = pd.concat([runs[runs["step"].isin(steps)], pp[pp["method"] == BASE]])
     if metric == "distinct":
         q = sub["distinct"]
-    elif metric == "oversharpened":
-        q = _oversharpened(sub, pp[pp["method"] == BASE], factor)
+    elif metric in modes.READINGS:
+        q = _oversharpened(sub, pp[pp["method"] == BASE], factor, metric)
     elif metric.startswith("pass_at_"):
         k = int(metric.rsplit("_", 1)[1])
         q = [pass_at_k(n, c, k) for n, c in zip(sub["n"], sub["correct"])]
@@ -127,16 +128,16 @@ def problem_quantity(pp: pd.DataFrame, metric: str, last: int, factor: float = 1
     return sub.groupby(KEYS, as_index=False)["q"].mean()
 
 
-def _oversharpened(sub: pd.DataFrame, base: pd.DataFrame, factor: float = 1.0) -> np.ndarray:
-    """Per row: 1 when some correct mode's probability is below ``factor`` times the base model's on the same
-    problem and seed (Definition 2.1 with ``factor`` 1, ``calibrl.modes``), else 0; NaN where the modes were not
-    measured."""
+def _oversharpened(sub: pd.DataFrame, base: pd.DataFrame, factor: float = 1.0, kind: str = "oversharpened"):
+    """Per row: 1 when the problem is ``kind`` (``calibrl.modes.reading``: some correct mode's probability below
+    ``factor`` times the base model's on the same problem and seed, Definition 2.1 with ``factor`` 1; reallocated or
+    declined: another correct mode rose, or none), else 0; NaN where the modes were not measured."""
     ref = {(r.model, r.seed, r.split, r.problem): r.modes for r in base.itertuples()}
     out = []
     for r in sub.itertuples():
         before = ref.get((r.model, r.seed, r.split, r.problem))
         measured = isinstance(r.modes, dict) and isinstance(before, dict)
-        out.append(float(modes.suppressed(r.modes, before, factor) > 0) if measured else np.nan)
+        out.append(float(modes.reading(kind, r.modes, before, factor)) if measured else np.nan)
     return np.asarray(out, dtype=float)
 
 
@@ -242,7 +243,7 @@ def exploratory(
     for c in paper_claims(grid):
         if (c.model, c.metric, frozenset(c.arms)) in skip:
             continue
-        if c.metric == "oversharpened" and q[c.metric]["q"].isna().any():  # some evaluation did not measure modes
+        if c.metric in modes.READINGS and q[c.metric]["q"].isna().any():  # some evaluation did not measure modes
             rows.append(
                 _row(c.claim, "exploratory", c.source, "not measured on every evaluation", None)
                 | {"verdict": "inconclusive", "note": "modes not measured: evaluations made before they were"}
@@ -275,12 +276,14 @@ def unit_differences(plan: Plan, sample: S.Sample, claim) -> np.ndarray:
     return np.array([d[unit == u].mean() for u in plan.data_seeds])
 
 
-def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
-    """The plan's primary claims on ``model``, decided together (``calibrl.stats.decide`` on the per-data-seed
-    means of the paired differences: Holm over the primaries for the difference and the equivalence p-values
-    alike, five-way verdicts). A claim misses none of the plan's seeds, or it is not decided."""
+def primary(plan: Plan, pp: pd.DataFrame, model: str, role: str = "primary") -> pd.DataFrame:
+    """The plan's primary claims on ``model`` (``role`` "secondary": its secondary family), decided together
+    (``calibrl.stats.decide`` on the per-data-seed means of the paired differences: Holm over the family for the
+    difference and the equivalence p-values alike, five-way verdicts). A claim misses none of the plan's seeds, or it
+    is not decided."""
+    family = plan.primaries if role == "primary" else plan.secondaries
     rows, diffs = [], []
-    for c in plan.primaries:
+    for c in family:
         sample = primary_sample(c, pp, model, plan.seeds)
         weighed = ", ".join(f"{k} {w:g}" for k, w in c.splits)
         quantity = (
@@ -291,23 +294,50 @@ def primary(plan: Plan, pp: pd.DataFrame, model: str) -> pd.DataFrame:
         if sample is None or missing:
             diffs.append(None)
             note = f"{missing} of the plan's {len(plan.seeds)} seeds missing: not decided"
-            rows.append(_row(f"{c.id}: {c.claim}", "primary", plan.path, quantity, None, note))
+            rows.append(_row(f"{c.id}: {c.claim}", role, plan.path, quantity, None, note))
             continue
         diffs.append(unit_differences(plan, sample, c))
-        rows.append({"claim": f"{c.id}: {c.claim}", "role": "primary", "source": plan.path, "quantity": quantity})
-    decision = S.decide(diffs, [c.margin for c in plan.primaries], [c.direction for c in plan.primaries], plan.level)
-    for row, e, c in zip(rows, decision.estimates, plan.primaries):
+        rows.append({"claim": f"{c.id}: {c.claim}", "role": role, "source": plan.path, "quantity": quantity})
+    decision = S.decide(diffs, [c.margin for c in family], [c.direction for c in family], plan.level)
+    for row, e, c in zip(rows, decision.estimates, family):
         if e is not None:
             per = len(plan.seeds) // len(plan.data_seeds)
             note = f"margin +-{c.margin:g} {c.unit}; {len(plan.data_seeds)} data seeds x {per} training seeds"
-            row.update(_row(row["claim"], "primary", plan.path, row["quantity"], e, note) | {"seeds": len(plan.seeds)})
+            row.update(_row(row["claim"], role, plan.path, row["quantity"], e, note) | {"seeds": len(plan.seeds)})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["p_holm"] = decision.p_holm
     frame["p_equiv_holm"] = decision.p_equiv_holm
     frame["verdict"] = decision.verdicts
     small = (frame["verdict"] == "negligible").to_numpy()
     frame.loc[small, "note"] += "; different from zero, yet inside the margin: smaller than the plan's smallest effect"
+    # beside each verdict, its 90% interval against the margin, the minimum-effect p and the reading (unadjusted)
+    nan = (float("nan"),) * 3
+    margin = [S.against_margin(e, c.direction, plan.level) if e else nan for e, c in zip(decision.estimates, family)]
+    frame["ci90_low"], frame["ci90_high"], frame["p_min_effect"] = zip(*margin)
+    frame["reading"] = [
+        S.reading(v, e, c.direction, plan.level) for v, e, c in zip(decision.verdicts, decision.estimates, family)
+    ]
     return frame
+
+
+def base_changes(plan: Plan, pp: pd.DataFrame, model: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """Each arm of the plan against the base model it started from, per evaluation split and metric, on the plan's
+    seeds (descriptive: the estimate and its 95% interval over data seeds, unadjusted): what RL did to held-out
+    problems, beside what it did to the problems it trained on."""
+    rows = []
+    arms = sorted(plan.arms())
+    for metric in metrics:
+        q = problem_quantity(pp, metric, max(c.checkpoints for c in plan.claims()))
+        for split in sorted(set(q["split"])):
+            for arm in arms:
+                sample = sample_of(q, model, (arm, BASE), plan.seeds, {split: 1.0})
+                if sample is None:
+                    continue
+                d = (sample.per_seed(arm) - sample.per_seed(BASE)) * 100.0
+                e = S.paired(unit_means(d, np.array([plan.data_of[s] for s in sample.seeds])))
+                rows.append({"arm": arm, "split": split, "metric": metric, "estimate": e.estimate,
+                             "ci_low": e.ci_low, "ci_high": e.ci_high, "data_seeds": e.seeds})  # fmt: skip
+    return pd.DataFrame(rows, columns=["arm", "split", "metric", "estimate", "ci_low", "ci_high", "data_seeds"])
 
 
 def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, plan: Plan | None) -> pd.DataFrame:
@@ -316,6 +346,8 @@ def grid_claims(pp: pd.DataFrame, train: pd.DataFrame, grid: dict, plan: Plan | 
     frames, skip = [], set()
     if plan is not None:
         frames.append(primary(plan, pp, main))
+        if plan.secondaries:
+            frames.append(primary(plan, pp, main, "secondary"))
         skip = {(main, c.metric, frozenset(c.arms)) for c in plan.primaries}
     frames.append(exploratory(pp, train, grid, skip, plan))
     out = pd.concat([f for f in frames if len(f)] or frames[-1:], ignore_index=True)
@@ -333,19 +365,24 @@ def with_toy(claims: pd.DataFrame, toy: pd.DataFrame) -> pd.DataFrame:
 
 
 def render(frame: pd.DataFrame) -> list[str]:
-    """The claims as a Markdown table (primaries first), with the counts of each verdict per role."""
+    """The claims as a Markdown table (primaries first: their 90% interval against the margin and minimum-effect p
+    beside the verdict's reading), with the counts of each verdict per role."""
     lines = [
-        "| claim | role | estimate | 95% CI | seeds | p (Holm for primaries) | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| claim | role | estimate | 95% CI | 90% CI, margin | p min. effect | seeds | p (Holm within a family) | "
+        "verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in frame.itertuples():
+    for r in frame.reindex(columns=COLUMNS).itertuples():  # a claims.csv of an older version lacks the new columns
         est = "-" if pd.isna(r.estimate) else f"{r.estimate:+.2f}"
         ci = "-" if pd.isna(r.ci_low) else f"[{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-        p = r.p_holm if r.role == "primary" else r.p
+        ci90 = "-" if pd.isna(r.ci90_low) else f"[{r.ci90_low:+.2f}, {r.ci90_high:+.2f}], +-{r.margin:g}"
+        p_min = "-" if pd.isna(r.p_min_effect) else f"{r.p_min_effect:.3g}"
+        p = r.p_holm if r.role in ("primary", "secondary") else r.p
         p = "-" if pd.isna(p) else f"{p:.3g}"
-        lines.append(f"| {r.claim} | {r.role} | {est} | {ci} | {r.seeds} | {p} | **{r.verdict}** |")
+        shown = r.reading if isinstance(r.reading, str) and r.reading else r.verdict
+        lines.append(f"| {r.claim} | {r.role} | {est} | {ci} | {ci90} | {p_min} | {r.seeds} | {p} | **{shown}** |")
     lines.append("")
-    for role in ("primary", "exploratory"):
+    for role in ("primary", "secondary", "exploratory"):
         counts = frame[frame["role"] == role]["verdict"].value_counts()
         if counts.sum():
             lines.append(f"{role}: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in S.VERDICTS) + ".")

@@ -94,7 +94,10 @@ def aggregate_job(
                     "entropy (nats per token)", 1.0) for model in grid["models"]], "step",
                   figs / "entropy_all.png", colors)  # fmt: skip
     noise = summary.noise_table(evals, grid)
-    write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid, plan))
+    changes = C.base_changes(plan, per_problem, main, tuple(L.metrics(grid))) if plan else None
+    if changes is not None:
+        write_csv(out / "tables" / "base_changes.csv", changes)
+    write_markdown(out / "summary.md", summary.render_summary(claims, checks, matched, noise, grid, plan, changes))
     write_json(
         done_path,
         {

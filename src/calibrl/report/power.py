@@ -10,8 +10,8 @@ target power. The variance components of D_s (a one-way nested ANOVA: between da
 seeds within one) say where the noise is, and so how to split a budget between data and training seeds; beside
 them, the part of one seed's difference that comes from which problems were drawn (``var_problems``, the problems
 taken as a sample: it is part of the between-data-seed variance, since problems are drawn per data seed).
-``--record FILE`` also writes the primary arms' per-seed, per-problem results (the calibration test's input,
-``tests/test_calibration.py``).
+``--record FILE`` also writes the plan arms' per-seed, per-problem results on every split (the calibration test's
+input, ``tests/test_calibration.py``).
 
 Usage: ``python -m calibrl.report.power RESULTS [--plan config/plan.yaml] [--model M] [--record FILE]``.
 """
@@ -87,17 +87,17 @@ def report(pp: pd.DataFrame, plan: AP.Plan, model: str) -> list[dict]:
 
 
 def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> None:
-    """The primary arms' per-problem results on the plan's seeds, at the checkpoints the plan reads (base: step 0),
-    on the splits its primaries weigh, gzipped CSV (the modes only of the arms a Definition 2.1 primary compares, each
-    log-probability to ``RECORD_DIGITS`` significant digits: the file stays small enough for git)."""
-    last = max(c.checkpoints for c in plan.primaries)
-    splits = {k for c in plan.primaries for k in c.weights()}
-    mine = pp[(pp["model"] == model) & pp["seed"].isin(plan.seeds) & pp["split"].isin(splits)]
+    """The plan arms' per-problem results on the plan's seeds, at the checkpoints the plan reads (base: step 0), on
+    every split they were evaluated on (those no claim weighs too: no split's result exists only on one disk), gzipped
+    CSV (the modes only of the arms a Definition 2.1 claim compares, each log-probability to ``RECORD_DIGITS``
+    significant digits: the file stays small enough for git)."""
+    last = max(c.checkpoints for c in plan.claims())
+    mine = pp[(pp["model"] == model) & pp["seed"].isin(plan.seeds)]
     runs = mine[mine["method"].isin(plan.arms())]
     steps = sorted(runs["step"].unique())[-last:]
     keep = pd.concat([runs[runs["step"].isin(steps)], mine[mine["method"] == AP.BASE]])
     if "modes" in keep:  # each problem's {mode: log-probability}, as JSON, for the arms a Definition 2.1 primary reads
-        measured = {a for c in plan.primaries if c.metric == "oversharpened" for a in c.arms}
+        measured = {a for c in plan.claims() if c.metric in AP.DEFINITION_2_1 for a in c.arms}
         text = [
             json.dumps({k: round_sig(v) for k, v in m.items()}, sort_keys=True)
             if isinstance(m, dict) and arm in measured
@@ -106,6 +106,27 @@ def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> Non
         ]
         keep = keep.assign(modes=text)
     keep.to_csv(path, index=False, compression="gzip")
+
+
+def record_provenance(root: str | Path, plan: AP.Plan, model: str, path: str | Path) -> dict:
+    """Beside a recording (``<path>.machine.json``): each data seed's warm start, its weights' SHA-256 and the machine
+    that made it (the warm start's info file, ``calibrl.provenance``), and the machines of them all: a rerun on the
+    same ISA and torch build reproduces the recording bit for bit, another only statistically
+    (``calibrl.report.reproduce``)."""
+    starts = {}
+    for data in plan.data_seeds:
+        info = Path(root) / "models" / model / f"d{data}" / "init.json"
+        if info.is_file():
+            got = json.loads(info.read_text())
+            starts[str(data)] = {"weights_sha256": got.get("weights_sha256"), "machine": got.get("machine")}
+    machines = [m for m in {json.dumps(s["machine"], sort_keys=True): s["machine"] for s in starts.values()}.values()]
+    out = {
+        "plan_sha256": plan.sha256,
+        "machine": machines[0] if len(machines) == 1 else machines,
+        "warm_starts": starts,
+    }
+    Path(f"{path}.machine.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return out
 
 
 def round_sig(value: float) -> float:
@@ -137,6 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(json.dumps(out, indent=1))
     if args.record:
         record(pp, plan, args.model, args.record)
+        record_provenance(root, plan, args.model, args.record)
     return out
 
 

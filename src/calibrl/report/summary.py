@@ -27,17 +27,48 @@ def noise_table(evals: pd.DataFrame, grid: dict) -> pd.DataFrame:
 def scope_notes(claims: pd.DataFrame, plan) -> list[str]:
     """Per primary, its verdict beside what it can and cannot support at scale (the plan's ``scope``, written with
     the plan, before its data)."""
-    if plan is None or not any(c.scope for c in plan.primaries):
+    if plan is None or not (any(c.scope for c in plan.primaries) or plan.not_decided):
         return []
-    verdicts = dict(zip(claims["claim"], claims["verdict"]))
+    verdicts = dict(zip(claims["claim"], claims["reading"].fillna(claims["verdict"])))
     lines = ["### What each verdict can and cannot support (the plan's scope notes)", ""]
     for c in plan.primaries:
         lines.append(f"- **{c.id}** ({verdicts.get(f'{c.id}: {c.claim}', 'not decided')}): {c.scope or '-'}")
+    if plan.not_decided:
+        lines += ["", "What the plan says, before its data, that this grid cannot decide:", ""]
+        lines += [f"- **{claim}**: {why}" for claim, why in plan.not_decided]
+    return [*lines, ""]
+
+
+def base_section(changes: pd.DataFrame | None, held_out: list[str]) -> list[str]:
+    """Each plan arm's change from the base model per split, the held-out splits first (``tables/base_changes.csv``)."""
+    if changes is None or changes.empty:
+        return []
+    order = {split: i for i, split in enumerate([*held_out, *sorted(set(changes["split"]) - set(held_out))])}
+    frame = changes.assign(at=changes["split"].map(order)).sort_values(["at", "metric", "arm"])
+    lines = [
+        "## Each arm against the base model (`tables/base_changes.csv`)",
+        "",
+        "The plan's arms at the step its primaries read, minus the base model they started from, on the plan's seeds "
+        "(points, 95% interval over data seeds, unadjusted; descriptive). Held-out splits first: the training "
+        f"problems (`train`) show whether RL fit what it trained on, not what it learned. Held out: {held_out}.",
+        "",
+        "| split | metric | arm | change | 95% CI | data seeds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in frame.itertuples():
+        lines.append(f"| {r.split} | {r.metric} | {r.arm} | {r.estimate:+.2f} | [{r.ci_low:+.2f}, {r.ci_high:+.2f}] "
+                     f"| {r.data_seeds} |")  # fmt: skip
     return [*lines, ""]
 
 
 def render_summary(
-    claims: pd.DataFrame, checks: list[dict], matched: bool, noise: pd.DataFrame, grid: dict, plan=None
+    claims: pd.DataFrame,
+    checks: list[dict],
+    matched: bool,
+    noise: pd.DataFrame,
+    grid: dict,
+    plan=None,
+    changes: pd.DataFrame | None = None,
 ) -> str:
     from calibrl.published import mark_mismatches
 
@@ -60,7 +91,11 @@ def render_summary(
         "**contradicted** (the same, the other way), **negligible** (different from zero, yet equivalent to no "
         "effect within the margin: smaller than the smallest effect the plan calls worth finding), **absent** "
         "(not different, and equivalent within the margin) or **inconclusive**, at a family-wise "
-        f"{S.LEVEL:g}. Every other row is **exploratory**: the same "
+        f"{S.LEVEL:g}. Beside each primary's verdict, its 90% interval (the one the equivalence test reads) against "
+        "the margin and the minimum-effect p (one-sided: the effect is at least the margin), unadjusted, and its "
+        "reading: **holds (below the margin)** when the difference is found but its 90% interval lies inside the "
+        "margin, **holds (at least the margin)** when the effect is shown at least that large, **negligible** with "
+        "the side it falls on. Every other row is **exploratory**: the same "
         "paired test, unadjusted, on the per-problem metric at the last "
         f"{last} evaluated checkpoint(s) averaged over problems and splits (the paper's Avg.); Figure 6 on the "
         "training entropy of the last quarter of steps; the toy on per-seed values. Estimates are differences in "
@@ -69,6 +104,7 @@ def render_summary(
         *C.render(claims),
         "",
         *scope_notes(claims, plan),
+        *base_section(changes, [k for k in grid["data"]["eval_splits"] if k != "train"]),
         "## Beside the paper (peak tables, descriptive)",
         "",
         CELLS_NOTE if matched else ORDER_NOTE,
