@@ -3,7 +3,8 @@
 Every epoch draws a new random correct answer (and operand order) for each training problem, so the
 resulting reference policy spreads its mass over several solution modes per prompt: the starting
 point the paper's analysis assumes (Section 1: SFT provides a rich manifold of reasoning modes).
-The loss covers the answer tokens only.
+The loss covers the answer tokens only. The info file beside the model records its weights' hash and the machine
+that made it (``calibrl.provenance``): the same machine remakes the same weights, another one only similar ones.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from calibrl import provenance
 from calibrl.data.countdown import sample_solution
 from calibrl.io import write_json
 from calibrl.logs import Progress
@@ -72,7 +74,8 @@ def warmstart(
         progress.update(note=f"loss={loss_ema:.3f}")
     model.eval()
     save(model, tokenizer, out_dir)
-    info = {"parameters": n_params, "final_loss_ema": loss_ema, "steps": steps, "arch": arch}
+    info = {"parameters": n_params, "final_loss_ema": loss_ema, "steps": steps, "arch": arch,
+            "weights_sha256": provenance.weights_sha256(out_dir), "machine": provenance.machine()}  # fmt: skip
     write_json(Path(out_dir).parent / f"{Path(out_dir).name}.json", info)
     return info
 
