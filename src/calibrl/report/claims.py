@@ -265,7 +265,30 @@ def exploratory(
         row = _row(c.claim, "exploratory", c.source, quantity, e, seeds=seeds)
         row["verdict"] = S.verdict(row.get("estimate", np.nan), row.get("p", np.nan))
         rows.append(row)
+    rows += [r for c in (plan.claims() if plan else ()) for r in readings_beside(plan, pp, grid["main_model"], c)]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def readings_beside(plan: Plan, pp: pd.DataFrame, model: str, c) -> list[dict]:
+    """Beside a plan claim on the reallocation reading of Definition 2.1, the same comparison on the plain decline
+    (every correct mode fell: the policy drifting off the task) and on any fall (the plain definition), exploratory:
+    what the reallocation reading leaves out, on the plan's seeds."""
+    out = []
+    if c.metric != "reallocated":
+        return out
+    for reading in ("declined", "oversharpened"):
+        sample = sample_of(problem_quantity(pp, reading, c.checkpoints, c.factor), model, c.arms, plan.seeds,
+                           c.weights())  # fmt: skip
+        if sample is None:
+            continue
+        e = S.paired(unit_differences(plan, sample, c))
+        side = "above" if c.direction > 0 else "below"
+        text = f"{c.id} beside: {c.arms[0]} {side} {c.arms[1]} on the share of problems {reading} (Definition 2.1)"
+        splits = ", ".join(k for k, _ in c.splits)
+        quantity = f"{reading} (factor {c.factor:g}), on {splits}; t over {len(plan.data_seeds)} data seeds"
+        out.append(_row(text, "exploratory", plan.path, quantity, e, seeds=sample.n_seeds)
+                   | {"verdict": S.verdict(e.estimate, e.p, direction=c.direction)})  # fmt: skip
+    return out
 
 
 def unit_differences(plan: Plan, sample: S.Sample, claim) -> np.ndarray:
