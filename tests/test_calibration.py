@@ -9,9 +9,9 @@ the plan's primaries for each, five-way verdicts) on the embedded default's own 
 - **power**: each primary, with an effect of its margin in its claimed direction (the others null) and the
   recorded spread of its paired differences, is found ("holds") in at least 80% of experiments.
 
-The recording (tests/data/recorded_default.csv.gz: per seed and per problem, the correct samples out of n = 32,
-the distinct correct answers and each correct mode's log-probability of the plan's primary arms at the final
-checkpoint, and of the base model at step 0, from a full run of the default; regenerate with
+The recording (tests/data/recorded_default.csv.gz: per seed and per problem, on every evaluated split, the correct
+samples out of n, the distinct correct answers and each correct mode's log-probability of the plan's arms at the
+final checkpoint, and of the base model at step 0, from a full run of the default; regenerate with
 ``python -m calibrl.report.power RESULTS --record tests/data/recorded_default.csv.gz``) gives each recorded seed's
 value of each primary's quantity per arm, computed through the claims' own code (per-problem metric, the plan's
 split weights, per-seed mean), grouped by data seed (the plan's unit of replication: its training seeds are nested
@@ -21,8 +21,7 @@ for every claim (so the claims keep the correlation they have: P1, P2 and P6 com
 function sees each data seed's mean difference, as ``calibrl.report.claims.primary`` gives it. Two kinds of true
 null:
 - **relabelled arms**: the recorded paired differences, each training seed's arms swapped at random (under no
-  effect a seed's two arms are exchangeable; claims on the same pair of arms swap together; against the base
-  model, P5's swapped differences keep their size, a conservative null for that claim);
+  effect a seed's two arms are exchangeable; claims on the same pair of arms swap together);
 - **split halves**: each claim's first arm against itself within each data seed: half of its training seeds
   against the other half (the same problems and warm start; no pairing across arms, no effect by construction).
 The same draws serve a null and its equivalence edge (common random numbers), which adds the margin to every
@@ -31,6 +30,7 @@ data seed."""
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibrl import analysis_plan as AP
@@ -118,6 +118,25 @@ def test_the_power_report_reads_the_recording(recorded):
         assert min(r["var_data_seed"], r["var_training_seed"], r["var_problems"]) >= 0
 
 
+def test_the_committed_claims_are_the_recordings(recorded):
+    """tests/data/recorded_claims.csv (the deciding rows of the recorded run's claims.csv, committed beside the
+    recording) is what the claims' own code decides from the recording: no verdict exists only on one disk."""
+    from calibrl.report.claims import primary
+
+    plan, pp = recorded["plan"], recorded["pp"]
+    committed = pd.read_csv(RECORDED.parent / "recorded_claims.csv").set_index("claim")
+    assert (committed["plan_sha256"] == plan.sha256).all()
+    for role in ("primary", "secondary"):
+        again = primary(plan, pp, MODEL, role).set_index("claim")
+        assert list(again.index) == list(committed.index[committed["role"] == role])
+        for column in ("estimate", "ci_low", "ci_high", "p_holm", "p_equiv_holm"):
+            assert np.allclose(again[column], committed.loc[again.index, column], rtol=1e-5, atol=1e-9), (
+                column
+            )  # claims.csv keeps 6 digits
+        assert list(again["verdict"]) == list(committed.loc[again.index, "verdict"])
+        assert list(again["reading"]) == list(committed.loc[again.index, "reading"])
+
+
 @pytest.mark.parametrize("kind", ["relabelled", "split_halves"])
 def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     plan = recorded["plan"]
@@ -133,7 +152,7 @@ def test_family_wise_rates_are_nominal_both_ways(recorded, kind):
     assert 0.03 <= false_equivalence <= 0.07
 
 
-@pytest.mark.parametrize("claim", ["P1", "P2", "P3", "P4", "P5", "P6"])
+@pytest.mark.parametrize("claim", [c.id for c in AP.load(REPO / "config" / "plan.yaml").primaries])
 def test_each_primary_finds_an_effect_of_its_margin(recorded, claim):
     assert claim in power_at_margins(recorded)
     assert power_at_margins(recorded)[claim] >= 0.8, power_at_margins(recorded)

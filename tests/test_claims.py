@@ -126,11 +126,37 @@ def test_a_secondary_family_is_decided_after_the_primaries_with_holm_within_it(t
     low, high = sorted((s1["p"], s2["p"]))  # Holm over the two of the family, not over five
     assert sorted((s1["p_holm"], s2["p_holm"])) == pytest.approx([2 * low, max(2 * low, high)])
     primaries = [f"{c.id}: {c.claim}" for c in plan.primaries]
+    assert not [c for c in by.index if " beside: " in c]  # no claim on the reallocation reading: nothing beside
     (tmp_path / "plan.yaml").write_text(PLAN)  # the same seeds' files: the primaries as if there were no secondaries
     repl = {s: t for s, t in zip(plan.seeds, alone.seeds)}
     moved = pp.assign(seed=pp["seed"].map(repl))
     without = C.grid_claims(moved, pd.DataFrame(), grid, alone).set_index("claim")
     assert np.allclose(by.loc[primaries, "p_holm"], without.loc[primaries, "p_holm"])
+
+
+def test_a_reallocation_claim_has_the_decline_and_the_plain_reading_beside_it(tmp_path):
+    """A plan claim on Definition 2.1's reallocation reading: decided on it, with the same comparison on the plain
+    decline and on any fall printed beside it as exploratory rows (so the choice of reading hides nothing). The
+    files' modes: GRPO's "3*5" falls on 60% of problems while "3+12" stays (declined), IAC's on 20%."""
+    from calibrl.report.load import load_per_problem
+
+    grid = {"models": ["m"], "main_model": "m", "eval": {"k": 8}, "claims": {"last_checkpoints": 2},
+            "tables": {"table2_3": ["grpo", "iac"], "table4": [], "table5": [], "figure6": []},
+            "data": {"source": "countdown", "seed": 0, "eval_splits": ["test", "ood"]}}  # fmt: skip
+    realloc = "  - {id: P4, claim: IAC reallocates less, arms: [iac, grpo], metric: reallocated, checkpoints: 2,\n"
+    realloc += "     direction: below, margin: 5.0}\n"
+    (tmp_path / "plan.yaml").write_text(PLAN + realloc)
+    plan = AP.load(tmp_path / "plan.yaml")
+    paths = per_problem_files(tmp_path, {"grpo": 0.0, "iac": 0.15, "filter": 0.0}, seeds=list(plan.seeds))
+    pp = load_per_problem([*paths, *base_files(tmp_path, plan.seeds, distinct=3)], tmp_path)
+    by = C.grid_claims(pp, pd.DataFrame(), grid, plan).set_index("claim")
+    p4 = by.loc["P4: IAC reallocates less"]
+    assert p4["role"] == "primary" and p4["estimate"] == 0.0  # no mode rose: nothing reallocated under either arm
+    declined = by.loc["P4 beside: iac below grpo on the share of problems declined (Definition 2.1)"]
+    fell = by.loc["P4 beside: iac below grpo on the share of problems oversharpened (Definition 2.1)"]
+    assert declined["role"] == fell["role"] == "exploratory" and np.isnan(declined["p_holm"])
+    assert declined["verdict"] == "holds" and -50 < declined["estimate"] < -30  # 20% against 60% of problems
+    assert fell["estimate"] == pytest.approx(declined["estimate"])  # every fall here is a decline
 
 
 def test_power_matches_a_simulation():

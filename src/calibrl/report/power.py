@@ -97,7 +97,8 @@ def record(pp: pd.DataFrame, plan: AP.Plan, model: str, path: str | Path) -> Non
     steps = sorted(runs["step"].unique())[-last:]
     keep = pd.concat([runs[runs["step"].isin(steps)], mine[mine["method"] == AP.BASE]])
     if "modes" in keep:  # each problem's {mode: log-probability}, as JSON, for the arms a Definition 2.1 primary reads
-        measured = {a for c in plan.claims() if c.metric in AP.DEFINITION_2_1 for a in c.arms}
+        # the base model too: every reading of Definition 2.1 is against it
+        measured = {a for c in plan.claims() if c.metric in AP.DEFINITION_2_1 for a in (*c.arms, AP.BASE)}
         text = [
             json.dumps({k: round_sig(v) for k, v in m.items()}, sort_keys=True)
             if isinstance(m, dict) and arm in measured
