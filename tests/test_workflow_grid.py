@@ -89,7 +89,12 @@ def test_micro_grid_end_to_end(finished):
     assert "### What each verdict can and cannot support" not in summary  # the micro plan writes no scope notes
     dlc = claims[claims["claim"] == "DLC adds to DAPO+IAC (AVG@4)"]
     assert dlc.empty or dlc.iloc[0]["verdict"] == "inconclusive"  # one paired seed: never decided
-    assert "| claim | role | estimate | 95% CI | seeds | p (Holm for primaries) | verdict |" in summary
+    header = "| claim | role | estimate | 95% CI | 90% CI, margin | p min. effect | seeds | p (Holm within a family) |"
+    assert header in summary
+    assert set(primary["reading"]) <= {*claims["verdict"], "holds (below the margin)", "holds (at least the margin)",
+                                       "holds (size unresolved)", "negligible (in the claimed direction)",
+                                       "negligible (against the claim)"}  # fmt: skip
+    assert "## Each arm against the base model" in summary and (res / "tables" / "base_changes.csv").exists()
     assert (res / "figures" / "primary_claims.png").stat().st_size > 0
     for what in ("pass_at_k", "distinct_correct", "entropy_bands"):
         assert (res / "figures" / f"{what}_qwen3-tiny-m.png").stat().st_size > 0
