@@ -138,6 +138,10 @@ def test_the_machines_are_printed_beside_the_recordings(tmp_path):
     assert "cpu_capability" in R.machines(tmp_path, MODEL, record)[-1]
     Path(f"{record}.machine.json").write_text(json.dumps(provenance.machine()))
     assert "expect bitwise identical" in R.machines(tmp_path, MODEL, record)[-1]
+    # warm starts made on several machines (power.record_provenance writes a list): each is compared
+    several = {"machine": [provenance.machine(), other]}
+    Path(f"{record}.machine.json").write_text(json.dumps(several))
+    assert "cpu_capability" in R.machines(tmp_path, MODEL, record)[-1]
 
 
 # ------------------------------------------------------------------------------------------------ provenance

@@ -66,6 +66,12 @@ def load_per_problem(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
+def load_model_results(root: str | Path, model: str) -> pd.DataFrame:
+    """:func:`load_per_problem` of every evaluation of ``model`` in a results folder (its runs and base model)."""
+    root = Path(root)
+    return load_per_problem(sorted(root.glob(f"runs/{model}/*/s*/eval/step_*.json")), root)
+
+
 def load_train_metrics(paths: list[str | Path], root: str | Path) -> pd.DataFrame:
     frames = []
     for path in paths:

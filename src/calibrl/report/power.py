@@ -28,7 +28,7 @@ import pandas as pd
 from calibrl import analysis_plan as AP
 from calibrl import stats as S
 from calibrl.report.claims import primary_sample
-from calibrl.report.load import load_per_problem
+from calibrl.report.load import load_model_results
 
 RECORD_DIGITS = 9  # significant digits of a recorded log-probability (round_sig)
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     root = Path(args.results)
     plan = AP.load(args.plan)
-    pp = load_per_problem(sorted(root.glob(f"runs/{args.model}/*/s*/eval/step_*.json")), root)
+    pp = load_model_results(root, args.model)
     out = report(pp, plan, args.model)
     print(json.dumps(out, indent=1))
     if args.record:

@@ -37,7 +37,7 @@ from calibrl import analysis_plan as AP
 from calibrl import provenance
 from calibrl import stats as S
 from calibrl.report.claims import primary_sample
-from calibrl.report.load import load_per_problem
+from calibrl.report.load import load_model_results
 from calibrl.report.power import read_record, round_sig
 
 LEVEL = 0.05  # family-wise, over the distinct (arm, quantity) lines compared
@@ -164,7 +164,8 @@ def machines(results: Path, model: str, record: Path) -> list[str]:
         out.append(f"machine, recording: not recorded (no {sidecar})")
         return out
     ours = [m for name, m in seen.items() if name != "recording"]
-    differ = sorted({k for m in ours for k in BUILD if m.get(k) != seen["recording"].get(k)})
+    recorded = seen["recording"] if isinstance(seen["recording"], list) else [seen["recording"]]  # several machines
+    differ = sorted({k for m in ours for r in recorded for k in BUILD if m.get(k) != r.get(k)})
     out.append(
         f"build differs from the recording's in {', '.join(differ)}: expect statistical agreement, not bitwise"
         if differ
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root, record = Path(args.results), Path(args.record)
     plan = AP.load(args.plan)
-    rerun = load_per_problem(sorted(root.glob(f"runs/{args.model}/*/s*/eval/step_*.json")), root)
+    rerun = load_model_results(root, args.model)
     rows = compare(rerun, read_record(record), plan, args.model)
     for text in machines(root, args.model, record):
         print(text)
