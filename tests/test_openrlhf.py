@@ -500,6 +500,9 @@ def test_every_patch_target_is_in_the_installed_openrlhf_and_a_missing_one_is_na
         patching.Target(decay_scope.DEFINITION.module, decay_scope.DEFINITION.name, params=("model", "wd")).check()
 
 
+LOCKS = "extension build locks a killed job left"
+
+
 def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp_path):
     """One variable reaches the Ray workers, the path of the run's settings.json; the compiled method in it decides
     the patches, and IAC's alpha goes from the config to the patch through settings.json alone."""
@@ -512,12 +515,12 @@ def test_the_setup_hook_installs_exactly_the_patches_each_paper_method_names(tmp
     for run in RUNS:
         got = [p.name for p in patches_of(paper_settings(PAPER, run, tmp_path / run.path))]
         # layouts' ds_save_steps 10 (evaluated every 50); decay scope all
-        always = ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps",
+        always = ["step limit", "FusedAdam on torch's kernels", LOCKS, "DeepSpeed's state every 10 steps",
                   "weight decay on every parameter"]  # fmt: skip
         assert got == [*always, *expected[run.method]], run
     scoped = paper_config(weight_decay_scope="no_bias_norm")  # OpenRLHF's own: no patch
     got = [p.name for p in patches_of(paper_settings(scoped, G.Run("qwen3-8b", "grpo", 0), tmp_path / "nb"))]
-    assert got == ["step limit", "FusedAdam on torch's kernels", "DeepSpeed's state every 10 steps"]
+    assert got == ["step limit", "FusedAdam on torch's kernels", LOCKS, "DeepSpeed's state every 10 steps"]
     (cadence,) = [p for p in patches_of(paper_settings(PAPER, G.Run("qwen3-8b", "grpo", 0), tmp_path / "c"))
                   if p.name.startswith("DeepSpeed's")]  # fmt: skip
     assert cadence.install.func is save_cadence.install and cadence.install.args == (50,)

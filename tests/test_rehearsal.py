@@ -19,6 +19,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rehearsal_setup  # noqa: E402
 
 from calibrl import grid as G  # noqa: E402
+from calibrl import offline  # noqa: E402
 from calibrl.backends.openrlhf import cpu_standins, dlc, rehearsal_faults  # noqa: E402
+from calibrl.gpu import extension_lock  # noqa: E402
 
 VLLM_VENV = REPO / ".venv-vllm"
 CONFIG = yaml.safe_load((REPO / "config" / "rehearsal.yaml").read_text())
@@ -369,6 +373,14 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
     python = VLLM_VENV / "bin" / "python"
     env = {**_env(tmp_path, f"preflight-canary/{shape}/dlc:mid_step:1"), "CALIBRL_REWARD_WORKERS": "1",
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    # DeepSpeed's build lock of its CPU collective, left by a job killed while it held it (a CI run hung on one):
+    # the canary's actors take it over (calibrl.gpu.extension_lock)
+    lock = offline.cache_base(env) / "xdg" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}_cpu"
+    lock = lock / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(f"{socket.gethostname()} {dead.pid} {extension_lock._pid_namespace()}\n")
     failed = run([str(python), "-c", job, str(tmp_path / "p.json"), str(out)], cwd=work, timeout=900, env=env)
     text = failed.stdout + failed.stderr
     assert failed.returncode != 0 and not out.exists(), text[-4000:]
@@ -378,4 +390,5 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
     assert f"canary dlc (as {MODEL}/dapo_iac_dlc/s0): training to step 2 failed" in row["detail"], row
     assert str(log) in row["detail"] and row["fix"], row
     assert (log.parent / "rehearsal_faults" / "mid_step-1").is_file()  # the fault fired in its first step
+    assert f"removed the build lock {lock}" in log.read_text() and not lock.exists()
     assert f"preflight {shape}: 1 of 1 checks failed" in text

@@ -4,7 +4,8 @@ The launcher starts Ray with :func:`setup` as every worker's setup hook and ``CA
 (``calibrl.checkpoints.SETTINGS_ENV``), the path of the run's ``settings.json``, which :func:`setup` reads once
 (``calibrl.checkpoints.RunStamp``; the launcher also passes the grading pool's size and timeout, and on a rehearsal
 its faults, as variables: ``launch.runtime_env``). :func:`patches` returns what to install:
-- always: the step limit (``steps``) and DeepSpeed's optimizer kernel from torch (``fused_adam``);
+- always: the step limit (``steps``), DeepSpeed's optimizer kernel from torch (``fused_adam``) and torch's build lock
+  for JIT extensions freed from a killed holder (``calibrl.gpu.extension_lock``);
 - from ``grid.train``: weight decay on every parameter for ``weight_decay_scope: all`` (``decay_scope``);
 - from the layout: DeepSpeed's state at ``ds_save_steps`` and the Hugging Face copies at ``eval_every`` alone
   (``save_cadence``);
@@ -38,6 +39,7 @@ from calibrl.backends.openrlhf import (
     steps,
 )
 from calibrl.checkpoints import RunStamp
+from calibrl.gpu import extension_lock
 from calibrl.gpu.patching import Target
 
 log = logging.getLogger("calibrl.openrlhf.hook")
@@ -64,6 +66,7 @@ def patches(stamp: RunStamp) -> list[Patch]:
     out = [
         Patch("step limit", steps.TARGETS, functools.partial(steps.install, run_dir)),
         Patch("FusedAdam on torch's kernels", fused_adam.TARGETS, fused_adam.install),  # no nvcc on the nodes
+        Patch("extension build locks a killed job left", extension_lock.TARGETS, extension_lock.install),
     ]
     saves = stamp.resources.get("ds_save_steps")  # unset: both saved at eval_every, OpenRLHF's own
     if saves and saves != train["eval_every"]:
