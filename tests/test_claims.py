@@ -209,6 +209,12 @@ def test_the_plan_refuses_listed_seeds_and_other_plans_results(tmp_path):
     path.write_text(PLAN.replace("data_seeds: 3,", "data_seeds: 1,"))
     with pytest.raises(AP.PlanError, match=r"at least 2 data seeds"):
         AP.load(path)
+    path.write_text(PLAN + "alpha: 0.05\n")
+    with pytest.raises(AP.PlanError, match=r"plan.yaml: unknown key\(s\) \['alpha'\]"):
+        AP.load(path)
+    path.write_text(PLAN.replace("metric: distinct", "metric: distinct, on ood"))  # a comma starts a key
+    with pytest.raises(AP.PlanError, match=r"primary\[2\]: unknown key\(s\) \['on ood'\].*quote the value"):
+        AP.load(path)
     path.write_text(PLAN.replace("metric: distinct", "metric: pass@8"))
     with pytest.raises(AP.PlanError, match="primary\\[2\\]: metric 'pass@8'"):
         AP.load(path)

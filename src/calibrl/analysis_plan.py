@@ -140,6 +140,9 @@ def load(path: str | Path) -> Plan:
             f"{where}: seeds and data_seed are drawn from the plan's own SHA-256, not listed: give "
             "replication: {data_seeds: N, training_seeds: M} (calibrl.analysis_plan.derive_seeds)"
         )
+    _known(raw, PLAN_KEYS, where)
+    sha = digest(path)
+    tolerated = TOLERATED.get(sha, frozenset())
     rep = _need(raw, "replication", where)
     n_data, n_train = (
         int(_need(rep, "data_seeds", f"{where}: replication")),
@@ -149,7 +152,6 @@ def load(path: str | Path) -> Plan:
         raise PlanError(f"{where}: replication needs at least 2 data seeds (the test's units) and 1 training seed each")
     design = _need(raw, "design", where)
     designed = {int(x) for x in [*design.get("seeds", []), *design.get("data_seeds", [])]}
-    sha = digest(path)
     nested = derive_seeds(sha, n_data, n_train, exclude=designed)
     seeds = tuple(s for train in nested.values() for s in train)
     looks = tuple(int(n) for n in raw.get("looks", [n_data]))
@@ -157,10 +159,11 @@ def load(path: str | Path) -> Plan:
         raise PlanError(f"{where}: looks {list(looks)}: only a single look at all {n_data} data seeds is implemented")
     default_splits = raw.get("splits")
     primaries = [
-        _claim(p, f"{where}: primary[{i}]", default_splits) for i, p in enumerate(_need(raw, "primary", where))
+        _claim(p, f"{where}: primary[{i}]", default_splits, tolerated)
+        for i, p in enumerate(_need(raw, "primary", where))
     ]
     secondaries = [
-        _claim(p, f"{where}: secondary[{i}]", default_splits) for i, p in enumerate(raw.get("secondary", []))
+        _claim(p, f"{where}: secondary[{i}]", default_splits, tolerated) for i, p in enumerate(raw.get("secondary", []))
     ]
     if len({p.id for p in [*primaries, *secondaries]}) != len(primaries) + len(secondaries):
         raise PlanError(f"{where}: claim ids are not unique (primary and secondary)")
@@ -183,8 +186,30 @@ def load(path: str | Path) -> Plan:
     )
 
 
-def _claim(p: dict, at: str, default_splits: dict | None) -> Primary:
+CLAIM_KEYS = frozenset(
+    {"id", "claim", "arms", "metric", "checkpoints", "direction", "margin", "unit", "splits", "factor", "scope"}
+)
+PLAN_KEYS = frozenset(
+    {"level", "replication", "looks", "power", "design", "step", "splits", "primary", "secondary", "not_decided"}
+)
+# Unknown keys a committed plan carries, by its SHA-256: its text cannot change (its seeds are drawn from it). The
+# fifth revision's secondary claims put ", ood" unquoted inside YAML flow mappings, which made "ood" a key of its own
+# (the claim's split is its splits: {ood: 1}).
+TOLERATED = {"4cd0efe64e9c7846e433dd18b4693dd6a3366eaeaaba05394405d56c3d9a6429": frozenset({"ood"})}
+
+
+def _known(d: dict, keys: frozenset, at: str, tolerated: frozenset = frozenset()) -> None:
+    unknown = sorted(set(d) - keys - tolerated, key=str)
+    if unknown:
+        raise PlanError(
+            f"{at}: unknown key(s) {unknown} (known: {sorted(keys)}); a comma in an unquoted value of a "
+            "{...} mapping starts a new key: quote the value"
+        )
+
+
+def _claim(p: dict, at: str, default_splits: dict | None, tolerated: frozenset = frozenset()) -> Primary:
     """One claim of the plan (a primary or a secondary), validated; errors name the file, the family and the index."""
+    _known(p, CLAIM_KEYS, at, tolerated)
     arms = tuple(_need(p, "arms", at))
     metric = str(_need(p, "metric", at))
     if len(arms) != 2 or arms[0] == BASE:
