@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import filled
@@ -18,6 +19,7 @@ from calibrl import grid as G
 from calibrl.checkpoints import RunStamp, changed_keys, fingerprint
 from calibrl.io import write_json
 from calibrl.runs import marker_of
+from calibrl.spec import MethodSpec
 
 CONFIG = filled("config")
 
@@ -98,6 +100,25 @@ def _old_stamp(settings: dict, inputs: dict, paths: dict | None = None, resource
 
 
 SHIPPED = ["config", "paper", "rehearsal", "cluster_smoke"]  # config/*.yaml that are whole configs
+IDENTITIES = Path(__file__).parent / "data" / "paper_identities.json"
+
+
+def test_a_new_version_keeps_the_identity_of_every_paper_run():
+    """A site that upgrades must not retrain its finished paper runs: the fingerprint of each config/paper.yaml run's
+    settings is the one the last release gave it (tests/data/paper_identities.json). A change that alters what the
+    runs compute changes it on purpose: the file is updated in the same commit, and CHANGELOG.md says that the runs
+    retrain."""
+    config = filled("paper")
+    got = {run.path: fingerprint(G.train_params(config, run)) for run in G.runs(config)}
+    assert got == json.loads(IDENTITIES.read_text())
+
+
+def test_a_switch_added_later_is_in_a_runs_identity_only_where_it_is_on():
+    config = filled("config")
+    spec = G.method(config, "grpo")
+    assert "shuffle_rewards" not in spec.to_dict() and MethodSpec.from_dict(spec.to_dict()) == spec
+    control = dataclasses.replace(spec, shuffle_rewards=True)
+    assert control.to_dict()["shuffle_rewards"] is True and MethodSpec.from_dict(control.to_dict()) == control
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -58,11 +58,17 @@ class MethodSpec:
         return self.filter_easiest > 0
 
     def to_dict(self) -> dict:
-        return _flat_dict(self)
+        """The spec as settings.json and a run's identity hold it: a switch added after runs were made is left out
+        where it is off (:data:`LATER_SWITCHES`), so a new version does not retrain the runs that do not use it."""
+        return {k: v for k, v in _flat_dict(self).items() if k not in LATER_SWITCHES or v != LATER_SWITCHES[k]}
 
     @classmethod
     def from_dict(cls, data: dict) -> MethodSpec:
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] if f.name in data else LATER_SWITCHES[f.name] for f in fields(cls)})
+
+
+# Switches added to MethodSpec after a release, with the value that means "off" (what every earlier run did).
+LATER_SWITCHES = {"shuffle_rewards": False}
 
 
 def _flat_dict(spec) -> dict:
