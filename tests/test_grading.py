@@ -203,6 +203,35 @@ def test_grader_recovers_from_a_dead_worker():
         assert grades[0].timed_out and grades[1].timed_out
 
 
+def test_the_workers_end_when_the_process_owning_the_pool_is_killed(tmp_path):
+    """A Ray actor stopped with its cluster is SIGKILLed with its Grader open: its workers (children of the
+    forkserver, blocked on a queue they hold both ends of) end too instead of staying idle."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, time; from calibrl.grading import Grader; g = Grader(workers=2, timeout=5.0); "
+        "g.grade([('\\\\boxed{1}', '1')]); print(*g._pool._processes, flush=True); time.sleep(600)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in owner.stdout.readline().split()]
+    assert workers and all(_alive(pid) for pid in workers)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_grader_with_torch_in_parent():
     torch = pytest.importorskip("torch")
     torch.ones(256, 256) @ torch.ones(256, 256)  # start torch's thread pool before the workers

@@ -19,6 +19,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -37,10 +38,19 @@ __all__ = ["Grader", "gold_problems"]
 _progress: Any = None  # the worker's end of the progress queue (set by _init_worker)
 
 
-def _init_worker(progress: Any, memory_limit_mb: int | None) -> None:
-    """Runs once in each worker: keep the queue, cap memory, import and warm up math-verify."""
+OWNER_POLL = 2.0  # seconds between a worker's checks that the process owning its pool is alive
+
+
+def _init_worker(progress: Any, memory_limit_mb: int | None, owner: int | None = None) -> None:
+    """Runs once in each worker: keep the queue, cap memory, import and warm up math-verify, and end with the owner.
+
+    A worker blocks on its task queue, whose write end it holds itself, and its parent is the forkserver: when the
+    process that owns the pool is killed (a Ray actor stopped with its cluster), nothing would end the worker, which
+    stays idle forever where no cgroup ends the job's processes (a local SLURM, a login node)."""
     global _progress
     _progress = progress
+    if owner is not None:
+        threading.Thread(target=_exit_with, args=(owner,), daemon=True, name="grading-owner").start()
     if memory_limit_mb:
         try:
             import resource
@@ -51,6 +61,17 @@ def _init_worker(progress: Any, memory_limit_mb: int | None) -> None:
             pass
     widen_math_verify_caches()
     grade_one("\\boxed{1}", "1", 5.0)
+
+
+def _exit_with(owner: int) -> None:
+    while True:
+        time.sleep(OWNER_POLL)
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid is another user's now: the owner is gone
+            os._exit(0)
 
 
 def _send(msg: tuple) -> None:
@@ -174,7 +195,7 @@ class Grader:
                 max_workers=self.workers,
                 mp_context=ctx,
                 initializer=_init_worker,
-                initargs=(self._queue, self.memory_limit_mb),
+                initargs=(self._queue, self.memory_limit_mb, os.getpid()),
             )
         return self._pool
 
