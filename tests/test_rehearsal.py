@@ -375,8 +375,12 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     # DeepSpeed's build lock of its CPU collective, left by a job killed while it held it (a CI run hung on one):
     # the canary's actors take it over (calibrl.gpu.extension_lock)
-    lock = offline.cache_base(env) / "xdg" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}_cpu"
-    lock = lock / "deepspeed_shm_comm" / "lock"
+    job_env = {**offline.cache_env(env), **env}  # where the job's actors build: what the job sets unless set already
+    build = f"py{sys.version_info[0]}{sys.version_info[1]}_cpu"
+    root = job_env.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.realpath(job_env["XDG_CACHE_HOME"]), "torch_extensions", build
+    )
+    lock = Path(root) / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     dead = subprocess.Popen(["true"])
     dead.wait()
