@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import rehearsal_setup  # noqa: E402
 
 from calibrl import grid as G  # noqa: E402
-from calibrl import offline  # noqa: E402
 from calibrl.backends.openrlhf import cpu_standins, dlc, rehearsal_faults  # noqa: E402
 from calibrl.gpu import extension_lock  # noqa: E402
 
@@ -375,12 +374,11 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
            "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     # DeepSpeed's build lock of its CPU collective, left by a job killed while it held it (a CI run hung on one):
     # the canary's actors take it over (calibrl.gpu.extension_lock)
-    job_env = {**offline.cache_env(env), **env}  # where the job's actors build: what the job sets unless set already
-    build = f"py{sys.version_info[0]}{sys.version_info[1]}_cpu"
-    root = job_env.get("TORCH_EXTENSIONS_DIR") or os.path.join(
-        os.path.realpath(job_env["XDG_CACHE_HOME"]), "torch_extensions", build
-    )
-    lock = Path(root) / "deepspeed_shm_comm" / "lock"
+    where = "from calibrl import offline; offline.apply(); from torch.utils import cpp_extension as c; "
+    where += "print(c._get_build_directory('deepspeed_shm_comm', False))"  # torch's own choice, in the job's env
+    built = run([str(python), "-c", where], env=env, timeout=120)
+    assert built.returncode == 0, built.stderr[-3000:]
+    lock = Path(built.stdout.strip()) / "lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -64,7 +64,8 @@ class MethodSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> MethodSpec:
-        return cls(**{f.name: data[f.name] if f.name in data else LATER_SWITCHES[f.name] for f in fields(cls)})
+        data = {**LATER_SWITCHES, **data}
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
 # Switches added to MethodSpec after a release, with the value that means "off" (what every earlier run did).

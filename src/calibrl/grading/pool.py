@@ -68,9 +68,7 @@ def _exit_with(owner: int) -> None:
         time.sleep(OWNER_POLL)
         try:
             os.kill(owner, 0)
-        except ProcessLookupError:
-            os._exit(0)
-        except PermissionError:  # the pid is another user's now: the owner is gone
+        except (ProcessLookupError, PermissionError):  # gone, or its pid is another user's process now
             os._exit(0)
 
 
