@@ -81,14 +81,16 @@ test: test-main
 # .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
 # Two lanes side by side (tests/conftest.py splits them by CALIBRL_TEST_LANE): the modules on the local SLURM, which
 # mostly wait on the scheduler, and the rest (then AFTER_REST: make test's vLLM tests); the SLURM lane's output
-# follows. Fails if any fails.
+# follows, then each lane's verdict and failures (scripts/lane_summary.sh: a log's tail names what failed). Fails if
+# any fails.
 test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
-	@rm -f .test-slurm.log; \
+	@rm -f .test-*.log .test-*.rc; \
 	CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm" > .test-slurm.log 2>&1 & slurm=$$!; \
-	CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; rest=$$?; \
-	$(or $(AFTER_REST),true); after=$$?; \
+	{ CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-rest.rc; } 2>&1 | tee .test-rest.log; \
+	{ $(or $(AFTER_REST),true); echo $$? > .test-after.rc; } 2>&1 | tee .test-after.log; \
 	wait $$slurm; lane=$$?; echo "==== the SLURM lane (CALIBRL_TEST_LANE=slurm) ===="; cat .test-slurm.log; \
-	test $$rest -eq 0 && test $$after -eq 0 && test $$lane -eq 0
+	scripts/lane_summary.sh rest=$$(cat .test-rest.rc):.test-rest.log \
+		$(if $(AFTER_REST),vllm=$$(cat .test-after.rc):.test-after.log) slurm=$$lane:.test-slurm.log
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_TESTS)
