@@ -206,6 +206,7 @@ def test_every_method_trains_two_segments_through_the_openrlhf_driver(rehearsal)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
     logs = _train_logs(work)
     assert sorted(logs) == sorted(f"{MODEL}_{m}_0" for m in METHODS), sorted(logs)
+    clipped = {}  # DAPO-family run -> its steps' ppo_clip_ratio
     for method in METHODS:
         run_dir = work / RESULTS / "runs" / MODEL / method / "s0"
         assert sorted(p.name for p in (run_dir / "ckpt").glob("step_*.done")) == ["step_2.done", "step_4.done"]
@@ -226,10 +227,16 @@ def test_every_method_trains_two_segments_through_the_openrlhf_driver(rehearsal)
         # every step's training metrics once, from OpenRLHF's TensorBoard
         metrics = _metrics(work, method)
         assert [m["step"] for m in metrics] == [1, 2, 3, 4], method
-        # ppo_minibatches 4: the later optimizer steps of a rollout step see a moved policy, and the clip binds
+        # ppo_minibatches 4: the later optimizer steps of a rollout step see a moved policy (the ratio leaves 1; with
+        # one update per step it is 1 up to numerics), so DAPO's clips can act
         assert "--train.batch_size 8" in command, command
         if CONFIG["grid"]["methods"][method].get("dapo"):
-            assert max(m["ppo_clip_ratio"] for m in metrics) > 0, [m.get("ppo_clip_ratio") for m in metrics]
+            assert max(abs(m["ppo_kl"]) for m in metrics) > 1e-4, [m.get("ppo_kl") for m in metrics]
+            clipped[method] = [m["ppo_clip_ratio"] for m in metrics]
+    # ... and they bind. Whether a run's ratios leave [0.8, 1.28] in four steps depends on its update's size: plain
+    # DAPO's smaller updates have left it unclipped in a full rehearsal, IAC's larger advantages clip (docs/cluster.md)
+    if clipped:
+        assert max(max(r) for r in clipped.values()) > 0, clipped
 
 
 @pytest.mark.skipif("dapo_iac_dlc" not in METHODS, reason="the DLC run is not rehearsed")
