@@ -5,7 +5,7 @@
 status=0
 echo "==== make test: the lanes ===="
 for lane in "$@"; do
-    name=${lane%%=*}; rest=${lane#*=}; rc=${rest%%:*}; log=${rest#*:}
+    name=${lane%%=*}; status_log=${lane#*=}; rc=${status_log%%:*}; log=${status_log#*:}
     if [ "$rc" -eq 0 ]; then verdict=passed; else verdict="FAILED (exit $rc)"; status=1; fi
     echo "-- $name: $verdict ($log)"
     if [ -f "$log" ]; then
