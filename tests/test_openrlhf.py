@@ -26,8 +26,8 @@ import threading
 import types
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
+import openrlhf_stubs
 import pytest
 import torch
 from conftest import filled, paper_settings
@@ -81,57 +81,24 @@ def parsed(config: dict, run: G.Run, tmp: Path, rows: int | None = None) -> tupl
 
 
 # ------------------------------------------------------------------------------- OpenRLHF with stubs
-def _stub(name: str) -> types.ModuleType:
-    module = mock.MagicMock(name=name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers calls find_spec on some
-    module.__path__ = []
-    return module
-
-
 @pytest.fixture(scope="module")
 def openrlhf_modules():
     """(experience_maker, ppo_trainer) of the installed OpenRLHF, GPU-only imports stubbed; IAC applied."""
     if not HAVE_OPENRLHF:
         pytest.skip("openrlhf is not installed")
-
-    def missing(name):
-        return importlib.util.find_spec(name) is None
-
-    names = []
-    if missing("flash_attn"):
-        names += ["flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash_attn.utils.distributed"]
-    names += [n for n in ("deepspeed", "ray", "vllm", "datasets") if missing(n)]
-    if missing("vllm") or missing("deepspeed"):  # OpenRLHF's Ray actor modules import both
-        names += [
-            "openrlhf.trainer.ray",
-            "openrlhf.trainer.ray.launcher",
-            "openrlhf.trainer.ray.vllm_engine",
-            "openrlhf.utils.deepspeed",
-        ]
-    before = set(sys.modules)
-    saved = {n: sys.modules.get(n) for n in names}
-    sys.modules.update({n: _stub(n) for n in names})
-    try:
+    with openrlhf_stubs.stubbed():
         import openrlhf.trainer.ppo_trainer as ppo_trainer
         import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
 
         cls = experience_maker.RemoteExperienceMaker
         original = cls.compute_advantages_and_returns
         compute_reward = experience_maker.compute_reward
-        yield SimpleNamespace(em=experience_maker, pt=ppo_trainer, original=original, compute_reward=compute_reward)
-    finally:
-        if "experience_maker" in locals():
+        try:
+            yield SimpleNamespace(em=experience_maker, pt=ppo_trainer, original=original, compute_reward=compute_reward)
+        finally:
             cls.compute_advantages_and_returns = original
             experience_maker.compute_reward = compute_reward
-        patching.remove_hooks()
-        for n in set(sys.modules) - before:
-            if n.startswith("openrlhf"):
-                del sys.modules[n]
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
+            patching.remove_hooks()
 
 
 @contextlib.contextmanager

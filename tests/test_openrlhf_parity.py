@@ -68,12 +68,10 @@ import importlib.machinery
 import importlib.util
 import json
 import math
-import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
+import openrlhf_stubs
 import pytest
 import torch
 from conftest import filled, paper_settings
@@ -100,36 +98,11 @@ PAIRS = {"grpo": "group_norm", "rloo": "rloo", "rpp": "reinforce_baseline", "drg
 
 
 # ------------------------------------------------------------------------------- OpenRLHF, CPU stubs
-def _stub(name: str) -> types.ModuleType:
-    module = mock.MagicMock(name=name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers calls find_spec on some
-    module.__path__ = []
-    return module
-
-
 @pytest.fixture(scope="module")
 def orl():
-    """OpenRLHF 0.11.2's leaf modules holding the formulas, GPU-only imports stubbed where they cannot be imported
-    (the pattern of ``tests/test_openrlhf.py::openrlhf_modules``); ``sys.modules`` restored afterwards."""
-
-    def missing(name):
-        return importlib.util.find_spec(name) is None
-
-    names = []
-    if missing("flash_attn"):
-        names += ["flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash_attn.utils.distributed"]
-    names += [n for n in ("deepspeed", "ray", "vllm", "datasets") if missing(n)]
-    if missing("vllm") or missing("deepspeed"):  # OpenRLHF's Ray actor modules import both
-        names += [
-            "openrlhf.trainer.ray",
-            "openrlhf.trainer.ray.launcher",
-            "openrlhf.trainer.ray.vllm_engine",
-            "openrlhf.utils.deepspeed",
-        ]
-    before = set(sys.modules)
-    saved = {n: sys.modules.get(n) for n in names}
-    sys.modules.update({n: _stub(n) for n in names})
-    try:
+    """OpenRLHF 0.11.2's leaf modules holding the formulas (tests/openrlhf_stubs.py: GPU-only imports stubbed where
+    they cannot be imported; ``sys.modules`` restored afterwards)."""
+    with openrlhf_stubs.stubbed():
         import openrlhf.models.loss as loss
         import openrlhf.models.utils as utils
         import openrlhf.trainer.ppo_utils.experience_maker as em
@@ -139,15 +112,6 @@ def orl():
         from openrlhf.trainer.ppo_utils.experience import Experience
 
         yield SimpleNamespace(loss=loss, utils=utils, em=em, lp=lp, sg=sg, lu=lu, Experience=Experience)
-    finally:
-        for n in set(sys.modules) - before:
-            if n.startswith("openrlhf"):
-                del sys.modules[n]
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
 
 
 def _differs(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-4) -> bool:
