@@ -90,6 +90,28 @@ def workflow_dir(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path)
 
 
+@pytest.fixture(scope="session")
+def paper_plan(tmp_path_factory):
+    """``snakemake -n --printshellcmds --configfile config/paper.yaml`` of the paper grid, once per session (~1,100
+    jobs: every test that reads the plan shares it), results under ``<tmp>/r``, with every module the planning
+    process imported on stderr (``PYTHONPROFILEIMPORTTIME``). ``.results`` is that folder, ``.text`` stdout and
+    stderr."""
+    work = copy_workflow(tmp_path_factory.mktemp("paper-plan"))
+    shutil.copytree(REPO / "slurm", work / "slurm")
+    results = work / "r"
+    bin_dir = tmp_path_factory.getbasetemp() / "no-slurm-bin"  # as _no_slurm_probe: no SLURM controller to ask
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPROFILEIMPORTTIME": "1"}
+    args = ["-n", "--printshellcmds", "--configfile", "config/paper.yaml", "--config", f"results={results}"]
+    proc = subprocess.run([*SNAKEMAKE, *args], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stderr[-6000:]}")
+    proc.results, proc.text = results, proc.stdout + proc.stderr
+    return proc
+
+
 def load_config(workdir: Path, plan: bool = False) -> dict:
     """The workflow's config/config.yaml, to change; without its analysis plan unless ``plan`` (the plan decides on
     the embedded default's 16 seeds and data seed, which a test's smaller grid does not run)."""

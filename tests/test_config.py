@@ -73,13 +73,9 @@ def test_shipped_config_plans(workflow_dir):
     assert "toy_figure" in proc.stdout
 
 
-def test_paper_grid_plans_every_run_and_checkpoint(workflow_dir, monkeypatch):
-    import shutil
-
-    shutil.copytree(REPO / "slurm", workflow_dir / "slurm")
-    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # every module the planning process imports, on stderr
+def test_paper_grid_plans_every_run_and_checkpoint(paper_plan):
     # a config file named on the command line is the whole config: no embedded default merged underneath
-    proc = snakemake(workflow_dir, "-n", "--configfile", "config/paper.yaml")
+    proc = paper_plan  # every module the planning process imported is on its stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "calibrl.config" in imported and "calibrl.algo.advantages" in imported  # the config check ran
     assert not {m.split(".")[0] for m in imported} & set(HEAVY), sorted(m for m in imported if m.startswith(HEAVY))

@@ -414,17 +414,13 @@ def test_the_job_fails_naming_every_failed_check_and_passes_with_waivers(tmp_pat
     assert not Path(f"{out}.failed.json").exists()
 
 
-def test_the_paper_dag_runs_each_shapes_preflight_before_its_gpu_jobs(tmp_path):
+def test_the_paper_dag_runs_each_shapes_preflight_before_its_gpu_jobs(paper_plan):
     """snakemake -n on config/paper.yaml: two preflights (1 node x 8, 2 nodes x 8), and the first segment of a
     14B run, an evaluation and the ranking each wait for their shape's."""
-    args = ["-n", "--printshellcmds", "--configfile", "config/paper.yaml", "--config", f"results={tmp_path}/r"]
+    text, r = paper_plan.text, paper_plan.results
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=root, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout + out.stderr
     stats = dict(line.split()[:2] for line in text.split("Job stats:")[1].splitlines()[3:] if len(line.split()) == 2)
     assert stats["preflight"] == "2"
-    r = f"{tmp_path}/r"
     for job, shape in (("qwen3-14b/grpo/s0/ckpt/segment_250.done", "n2-gpu8"), ("eval/step_50.json", "n1-gpu8")):
         block = next(b for b in text.split("\n\n") if job in b and "output:" in b)
         assert f"{r}/preflight/{shape}.json" in block, block
