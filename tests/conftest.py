@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs", "profiles")
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+# The SLURM tests' Snakemake: the same, its status checks of the local cluster's jobs at most 3 s apart, where the
+# plugin's back-off (for jobs of hours) would notice a finished test job up to a minute late (tests/slurm_snakemake.py)
+SNAKEMAKE_ON_SLURM = [sys.executable, str(REPO / "tests" / "slurm_snakemake.py")]
 # Ray 2.55.0 as OpenRLHF 0.11.2 pins it (and uv), in a venv of their own (make .venv-cluster/.installed)
 LOCAL_SLURM = REPO / "scripts" / "local_slurm.sh"
 RAY_VENV = Path(os.environ.get("CALIBRL_CLUSTER_VENV", REPO / ".venv-cluster"))

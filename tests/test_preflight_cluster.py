@@ -17,7 +17,7 @@ import os
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, copy_workflow, filled, run, write_config
+from conftest import REPO, SNAKEMAKE_ON_SLURM, copy_workflow, filled, run, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -69,7 +69,8 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     }
     (shape,) = [name for name, s in PF.shapes(filled(cfg)).items() if "train" in s["jobs"]]
     target = f"{cfg['results']}/preflight/{shape}.json"
-    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", str(tmp_path / "overlay.yaml"), "--configfile", "smoke.yaml"]
+    overlay = str(tmp_path / "overlay.yaml")
+    cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", overlay, "--configfile", "smoke.yaml"]
     proc = run([*cmd[:-2], target, *cmd[-2:]], cwd=work, timeout=900, env=env)
     log = tmp_path / "results" / "logs" / "preflight" / f"{shape}.log"
     assert proc.returncode == 0, f"{proc.stderr[-4000:]}\n{log.read_text()[-6000:] if log.exists() else ''}"

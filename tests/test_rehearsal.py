@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, copy_workflow, filled, run
+from conftest import REPO, SNAKEMAKE_ON_SLURM, copy_workflow, filled, run
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rehearsal_setup  # noqa: E402
@@ -182,7 +182,7 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(rehearsed(), sort_keys=False))
     faults = ",".join(f"{FAULTED}:{kind}:{step}" for kind, step in FAULTS if FAULTED.split("/")[1] in METHODS)
     targets = [f"{RESULTS}/aggregate.json", f"{RESULTS}/grid_mlflow.json"]
-    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
+    cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
     proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, faults))
     return work, proc

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SNAKEMAKE, copy_workflow, load_config, ray_python, run, write_config
+from conftest import REPO, SNAKEMAKE_ON_SLURM, copy_workflow, load_config, ray_python, run, write_config
 
 # slow too: minutes, and `-m "not slow"` quick runs should not start daemons
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -44,7 +44,7 @@ JOB_ENV = {**os.environ, "CALIBRL_GPU_VENV": sys.prefix}
 
 
 def snakemake_slurm(workdir: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    return run([*SNAKEMAKE, *PROFILE, *args], cwd=workdir, timeout=timeout, env=JOB_ENV)
+    return run([*SNAKEMAKE_ON_SLURM, *PROFILE, *args], cwd=workdir, timeout=timeout, env=JOB_ENV)
 
 
 # ----------------------------------------------------------------------------------------- cluster
@@ -207,7 +207,7 @@ def test_preempted_training_resumes_and_keeps_finished_evaluations(local_slurm, 
     cfg["grid"]["train"].update(steps=6)  # checkpoints 4 and 6 are new
     write_config(wd / "long.yaml", cfg)
     proc = subprocess.Popen(
-        [*SNAKEMAKE, *PROFILE, *evals, "--configfile", "long.yaml"],
+        [*SNAKEMAKE_ON_SLURM, *PROFILE, *evals, "--configfile", "long.yaml"],
         cwd=wd,
         env=JOB_ENV,
         stdout=subprocess.PIPE,
@@ -335,7 +335,8 @@ def test_multi_node_layout_gets_its_nodes_gpus_and_ray_placement(local_slurm, tm
         # a CPU per bundle: the stand-in nodes have this host's 2 cores, a GPU node has many (cpus_per_task)
         "RAY_CPUS_PER_NODE": "8",
     }
-    cmd = [*SNAKEMAKE, "--profile", "slurm", "--profile", str(tmp_path / "overlay.yaml"), "-s", "multinode.smk"]
+    overlay = str(tmp_path / "overlay.yaml")
+    cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", overlay, "-s", "multinode.smk"]
     proc = run(cmd, cwd=tmp_path, timeout=420, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
