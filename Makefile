@@ -73,24 +73,30 @@ toy: $(VENV)/.installed
 VLLM_TESTS := CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
 	$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_fused_adam.py
 
-# make test: test-main's two lanes, the vLLM tests following the shorter one (the SLURM lane is the longest).
-test: AFTER_REST = $(VLLM_TESTS)
+# make test: test-main's two lanes, then the vLLM tests as soon as either lane has ended.
+test: AFTER_LANE = $(VLLM_TESTS)
 test: test-main
 
 # .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
 # .venv-vllm: tests/test_preflight_cluster.py runs the preflight's SLURM job in it (the GPU venv's stand-in)
 # Two lanes side by side (tests/conftest.py splits them by CALIBRL_TEST_LANE): the modules on the local SLURM, which
-# mostly wait on the scheduler, and the rest (then AFTER_REST: make test's vLLM tests); the SLURM lane's output
-# follows, then each lane's verdict and failures (scripts/lane_summary.sh: a log's tail names what failed). Fails if
-# any fails.
+# often wait on the scheduler, and the rest; AFTER_LANE (make test's vLLM tests) starts when the first of them ends
+# (bash's wait -n: which lane is shorter depends on the machine). The rest lane prints as it runs; the SLURM lane's
+# and AFTER_LANE's output follow, then each lane's verdict and failures (scripts/lane_summary.sh: a log's tail names
+# what failed). Fails if any fails.
+test-main: SHELL := /bin/bash
 test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
 	@rm -f .test-*.log .test-*.rc; \
-	CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm" > .test-slurm.log 2>&1 & slurm=$$!; \
-	{ CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-rest.rc; } 2>&1 | tee .test-rest.log; \
-	{ $(or $(AFTER_REST),true); echo $$? > .test-after.rc; } 2>&1 | tee .test-after.log; \
-	wait $$slurm; lane=$$?; echo "==== the SLURM lane (CALIBRL_TEST_LANE=slurm) ===="; cat .test-slurm.log; \
+	{ CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-slurm.rc; } > .test-slurm.log 2>&1 & \
+	{ CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-rest.rc; } 2>&1 | tee .test-rest.log & \
+	wait -n; \
+	{ $(or $(AFTER_LANE),true); echo $$? > .test-after.rc; } > .test-after.log 2>&1; \
+	wait; \
+	echo "==== the SLURM lane (CALIBRL_TEST_LANE=slurm) ===="; cat .test-slurm.log; \
+	$(if $(AFTER_LANE),echo "==== the vLLM tests ===="; cat .test-after.log;) \
 	scripts/lane_summary.sh rest=$$(cat .test-rest.rc 2>/dev/null || echo 1):.test-rest.log \
-		$(if $(AFTER_REST),vllm=$$(cat .test-after.rc 2>/dev/null || echo 1):.test-after.log) slurm=$$lane:.test-slurm.log
+		$(if $(AFTER_LANE),vllm=$$(cat .test-after.rc 2>/dev/null || echo 1):.test-after.log) \
+		slurm=$$(cat .test-slurm.rc 2>/dev/null || echo 1):.test-slurm.log
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_TESTS)
