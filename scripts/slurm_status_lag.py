@@ -35,20 +35,20 @@ def finished(text: str) -> list[tuple[int, str, datetime]]:
 
 def lags(workdir: Path) -> list[tuple[str, int, float]]:
     """(rule, SLURM job id, seconds between the job's end and Snakemake noticing it) per SLURM job."""
-    noticed: dict[int, list[tuple[str, datetime]]] = {}
-    job_of: dict[int, int] = {}  # SLURM job id -> Snakemake job id (unique within one main log)
-    for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
+    noticed: dict[tuple[int, int], list[tuple[str, datetime]]] = {}  # (main log, Snakemake job id) -> its ends
+    job_of: dict[int, tuple[int, int]] = {}  # SLURM job id -> (main log, Snakemake job id): ids restart per run
+    for i, log in enumerate(sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"))):
         text = log.read_text(errors="replace")
-        job_of.update({int(m[2]): int(m[1]) for m in SUBMITTED.finditer(text)})
+        job_of.update({int(m[2]): (i, int(m[1])) for m in SUBMITTED.finditer(text)})
         for job, rule, when in finished(text):
-            noticed.setdefault(job, []).append((rule, when))
+            noticed.setdefault((i, job), []).append((rule, when))
     out = []
     for log in sorted((workdir / ".snakemake" / "slurm_logs").glob("**/*.log")):
         ends = finished(log.read_text(errors="replace"))
-        if not ends or not log.stem.isdigit():
+        if not ends or not log.stem.isdigit() or int(log.stem) not in job_of:
             continue
         _, rule, end = ends[-1]
-        seen = [when for r, when in noticed.get(job_of.get(int(log.stem), -1), []) if r == rule and when >= end]
+        seen = [when for r, when in noticed.get(job_of[int(log.stem)], []) if r == rule and when >= end]
         if seen:
             out.append((rule, int(log.stem), (min(seen) - end).total_seconds()))
     return out

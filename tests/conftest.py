@@ -80,12 +80,17 @@ def _no_slurm_probe(request, tmp_path_factory, monkeypatch):
     """
     if request.node.get_closest_marker("slurm"):
         return
+    monkeypatch.setenv("PATH", f"{_no_slurm_bin(tmp_path_factory)}{os.pathsep}{os.environ['PATH']}")
+
+
+def _no_slurm_bin(tmp_path_factory) -> Path:
+    """A folder holding an ``scontrol`` that fails at once (what a machine without SLURM gives the plugin)."""
     bin_dir = tmp_path_factory.getbasetemp() / "no-slurm-bin"
     if not (bin_dir / "scontrol").exists():
         bin_dir.mkdir(exist_ok=True)
         (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
         (bin_dir / "scontrol").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
 
 
 @pytest.fixture
@@ -102,11 +107,8 @@ def paper_plan(tmp_path_factory):
     work = copy_workflow(tmp_path_factory.mktemp("paper-plan"))
     shutil.copytree(REPO / "slurm", work / "slurm")
     results = work / "r"
-    bin_dir = tmp_path_factory.getbasetemp() / "no-slurm-bin"  # as _no_slurm_probe: no SLURM controller to ask
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "scontrol").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPROFILEIMPORTTIME": "1"}
+    path = f"{_no_slurm_bin(tmp_path_factory)}{os.pathsep}{os.environ['PATH']}"  # as _no_slurm_probe
+    env = {**os.environ, "PATH": path, "PYTHONPROFILEIMPORTTIME": "1"}
     args = ["-n", "--printshellcmds", "--configfile", "config/paper.yaml", "--config", f"results={results}"]
     proc = subprocess.run([*SNAKEMAKE, *args], cwd=work, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
