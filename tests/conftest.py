@@ -12,6 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from calibrl import offline
+
+# The lanes of `make test` and the vLLM tests share the machine's cores. torch's default, a thread per core in every
+# test process and the subprocesses that inherit this, oversubscribes them, and OpenMP's waiting threads spin: six
+# modules of in-process torch took 80 s of CPU that way on 2 cores beside another lane, 51 s with one thread. The
+# workflow's jobs set their own (Snakemake's threads); a user's own setting wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One set of compile caches for every job the tests start, directly or on the local SLURM (whose jobs get this
+# environment): a job's own choice (calibrl.offline.cache_env) differs between a SLURM job ($TMPDIR set) and a
+# direct one, and DeepSpeed's CPU all-reduce op (2 min of g++) was built in three folders in one run of the suite.
+os.environ.update({k: v for k, v in offline.cache_env(os.environ).items() if not os.environ.get(k)})
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 WORKFLOW_PARTS = ("Snakefile", "workflow", "config", ".test", "scripts", "envs", "profiles")
