@@ -3,8 +3,10 @@ rerun, ends bit-identical to an uninterrupted run with the same seed: every chec
 weights, the optimizers, the RNG states, the data cursor and pool, and the metrics (which see the data order
 and the sampling RNG).
 
-Each chain runs one job (``python -c`` calling ``calibrl.backends.jobs.train_job``, as the rule's script does) and
-kills it several times before letting it finish; the kill moments are drawn from a seeded RNG:
+Each chain runs one job (``python -c`` calling ``jobserver.run`` of ``calibrl.backends.jobs.train_job``, as the rule's
+script does, in a fork of a job server as in ``make run``: an attempt does not pay ~8 s of imports) and kills it
+several times before letting it finish; the uninterrupted reference runs are processes of their own, as on SLURM.
+The kill moments are drawn from a seeded RNG:
 
 * ``start``: a random delay after the job has claimed its run folder (grading workers, the filtering
   baseline's ranking, first steps);
@@ -39,6 +41,7 @@ import torch
 from conftest import SNAKEMAKE, copy_workflow, filled, load_config, snakemake, write_config
 from safetensors.torch import load_file
 
+from calibrl import backends, jobserver
 from calibrl import grid as G
 from calibrl.backends.local.warmstart import warmstart
 from calibrl.checkpoints import settings_job
@@ -165,7 +168,8 @@ def setup(tmp_path_factory):
 
 
 def job(grid: dict, method: str, run_dir: Path, train: Path, infos: dict) -> list[str]:
-    """The train job's command, after the run's settings.json is made as rule run_settings makes it."""
+    """The train job's command, after the run's settings.json is made as rule run_settings makes it: in a fork of
+    the job server where ``CALIBRL_JOBSERVER`` names one (``attempt``'s ``env``), else in its own process."""
     inputs = {"train": str(train), "init": str(infos["policy"])}
     if grid["methods"][method].get("dlc_mu"):
         inputs["memory"] = str(infos["memory"])
@@ -180,19 +184,21 @@ def job(grid: dict, method: str, run_dir: Path, train: Path, infos: dict) -> lis
     }
     code = (  # grading workers re-import __main__: the job runs under the guard, as the rule scripts do
         "import json, sys\n"
-        "from calibrl.logs import setup\n"
-        "from calibrl.backends.jobs import train_job\n"
+        "from calibrl import jobserver\n"
         "if __name__ == '__main__':\n"
-        "    setup()\n"
-        "    train_job(**json.loads(sys.argv[1]))\n"
+        "    jobserver.run('calibrl.backends.jobs:train_job', None, **json.loads(sys.argv[1]))\n"
     )
     return [sys.executable, "-c", code, json.dumps(args)]
 
 
-def attempt(cmd: list[str], wait=None, sig=signal.SIGKILL) -> tuple[int, str]:
+def attempt(cmd: list[str], wait=None, sig=signal.SIGKILL, env: dict | None = None) -> tuple[int, str]:
     """Run ``cmd`` in its own process group; ``wait(proc)`` returns once it is time to send ``sig`` to the group
-    (the grading workers with the trainer, as a scheduler or a dying node does)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    (the grading workers with the trainer, as a scheduler or a dying node does; in a job server's fork, the script
+    forwards SIGTERM and its death kills the fork's group). Returns when every holder of the job's stderr, the fork
+    and its workers included, has exited."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     if wait is not None:
         try:
             wait(proc)
@@ -264,8 +270,8 @@ def plant_half_written(run_dir: Path, init_policy: Path) -> None:
     (run_dir / "ckpt" / ".metrics.jsonl.planted.tmp").write_text('{"step": 1, "reward": 1.0, "los')
 
 
-def run_chain(setup, method: str, sig: signal.Signals, kills: int, seed: int, out: Path) -> list[tuple]:
-    """Kill one job up to ``kills`` times at seeded moments, then let it finish.
+def run_chain(setup, env: dict, method: str, sig: signal.Signals, kills: int, seed: int, out: Path) -> list[tuple]:
+    """Kill one job up to ``kills`` times at seeded moments, then let it finish (``env``: the job server's).
 
     Returns one (kind of moment, landing, complete checkpoints) per kill that stopped a running job."""
     root, grid, train, infos = setup
@@ -278,7 +284,7 @@ def run_chain(setup, method: str, sig: signal.Signals, kills: int, seed: int, ou
             break
         kind, wait = moment
         before = started(out)
-        rc, err = attempt(cmd, wait, sig)
+        rc, err = attempt(cmd, wait, sig, env)
         if rc == 0:  # it finished before the moment came: nothing left to interrupt
             break
         assert rc == -sig, f"attempt failed (rc {rc}) instead of being stopped by {sig.name}:\n{err[-3000:]}"
@@ -289,18 +295,31 @@ def run_chain(setup, method: str, sig: signal.Signals, kills: int, seed: int, ou
             for marker in markers(out):
                 marker.unlink()
             (out / "ckpt" / "metrics.jsonl").unlink(missing_ok=True)
-    rc, err = attempt(cmd)
+    rc, err = attempt(cmd, env=env)
     assert rc == 0, err[-3000:]
     return points
 
 
 @pytest.fixture(scope="module")
-def chains(setup, tmp_path_factory):
-    """Every chain, two at a time; chain i -> (its run folder, its kill points)."""
+def server():
+    """A job server as the Snakefile starts one for local runs; its address only in the chains' environment (not
+    this process's, whose other tests' jobs must run on their own)."""
+    path = jobserver.start(backends.get("local").preload)
+    assert path, "the job server did not start"
+    env = {**os.environ}
+    del os.environ[jobserver.ENV]
+    yield env
+    os.environ[jobserver.ENV] = path
+    jobserver.stop()
+
+
+@pytest.fixture(scope="module")
+def chains(setup, server, tmp_path_factory):
+    """Every chain, two at a time, in forks of the job server; chain i -> (its run folder, its kill points)."""
     root = tmp_path_factory.mktemp("chains")
 
     def one(i):
-        return root / str(i), run_chain(setup, *CHAINS[i], root / str(i))
+        return root / str(i), run_chain(setup, server, *CHAINS[i], root / str(i))
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(one, range(len(CHAINS))))
