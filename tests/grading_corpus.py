@@ -137,21 +137,22 @@ THINKING = [
 TRAILERS = ["", "", " Done.", "\n\nI hope this helps!", " (units: cm)", ".", "\n"]
 
 
-def generate(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """``n`` (response, gold) pairs, the same for a given seed: a family, its gold, a right or wrong rendering,
-    a template, some reasoning before and some words after. Pairs come grouped by (gold, answer written),
-    as a policy's samples for one problem repeat answers: math-verify's own small parse caches then work
-    for the oracle as they do in real use (they are pure, so the order changes no verdict)."""
+def covering(seed: int = 0) -> list[tuple[str, str]]:
+    """Every (family, answer as written, template) once: each right and wrong rendering of each family and one other
+    family's gold, in every template; the reasoning before, the words after and the hedge ``{b}`` drawn with
+    ``seed``: (251 + 38) x 35 pairs. A random draw of 20,000 pairs (this corpus before) reached 84% of the 8,785
+    (rendering, template) combinations; this reaches all of them at half the cost. Pairs come grouped by (gold,
+    answer written), as a policy's samples for one problem repeat answers: math-verify's own small parse caches
+    then work for the oracle as they do in real use (they are pure, so the order changes no verdict)."""
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
-        gold, right, wrong = rng.choice(FAMILIES)
-        a = rng.choice(right) if rng.random() < 0.55 else rng.choice(wrong + [rng.choice(FAMILIES)[0]])
-        b = rng.choice(wrong + right + [rng.choice(FAMILIES)[0]])
-        template = rng.choice(TEMPLATES)
-        think = rng.choice(THINKING).replace("{b}", b)
-        text = think + template.format(a=a, b=b) + rng.choice(TRAILERS)
-        out.append((gold, a, text))
+    for gold, right, wrong in FAMILIES:
+        for a in [*right, *wrong, None]:
+            for template in TEMPLATES:
+                written = rng.choice([f[0] for f in FAMILIES if f[0] != gold]) if a is None else a
+                b = rng.choice(wrong + right + [rng.choice(FAMILIES)[0]])
+                think = rng.choice(THINKING).replace("{b}", b)
+                out.append((gold, written, think + template.format(a=written, b=b) + rng.choice(TRAILERS)))
     out.sort(key=lambda t: (t[0], t[1]))
     return [(text, gold) for gold, _, text in out]
 
