@@ -185,7 +185,8 @@ node: run scripts/cluster_env.sh build (or post) on the login node, which puts i
 fi
 
 # ------------------------------------------------------------------------------------------------ resources
-cpus=${SLURM_CPUS_PER_TASK:-$(nproc)}
+# GNU nproc would report an exported OMP_NUM_THREADS (often 1 on clusters) instead of the CPUs we have
+cpus=${SLURM_CPUS_PER_TASK:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}
 mem_mb=${SLURM_MEM_PER_NODE:-0}
 [ "$mem_mb" -gt 0 ] || [ -z "${SLURM_MEM_PER_CPU:-}" ] || mem_mb=$((SLURM_MEM_PER_CPU * cpus))
 [ "$mem_mb" -gt 0 ] || mem_mb=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)

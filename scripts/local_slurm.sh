@@ -33,7 +33,7 @@
 #   LOCAL_SLURM_STATE        state folder: pids, spool, logs          [/run/calibrl-local-slurm]
 #   LOCAL_SLURM_NODES        nodes of the cluster                     [2]
 #   LOCAL_SLURM_GPUS         stand-in GPUs (gres gpu) per node        [8]
-#   LOCAL_SLURM_CPUS         CPUs of each node                        [nproc]
+#   LOCAL_SLURM_CPUS         CPUs of each node                        [the host's: nproc]
 #   LOCAL_SLURM_MEM_MB       RealMemory of each node, MB              [MemTotal - max(1024, 10%)]
 #   LOCAL_SLURM_TIMEOUT      seconds to wait for idle nodes           [60]
 #   LOCAL_SLURM_HOSTS_ENTRY  1: pin the hostname to 127.0.0.1 in /etc/hosts while running  [0]
@@ -197,10 +197,14 @@ node_memory_mb() {
     echo $((total_mb - headroom > 256 ? total_mb - headroom : 256))
 }
 
+# The CPUs this host gives us. GNU nproc reports OMP_NUM_THREADS instead where it is set (the tests set 1 for
+# torch; sites often export it): a node of one CPU would refuse every job asking for more.
+host_cpus() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
+
 # slurm.conf as this script writes it now, printed (its first line, the mark, carries the time of writing)
 slurm_conf() {
     local cpus mem i gres=""
-    cpus=${LOCAL_SLURM_CPUS:-$(nproc)}
+    cpus=${LOCAL_SLURM_CPUS:-$(host_cpus)}
     mem=$(node_memory_mb)
     ((GPUS > 0)) && gres="Gres=gpu:$GPUS "
     cat <<EOF
@@ -290,7 +294,7 @@ write_config() {
             mknod "$STATE/gpu/gpu$i" c 1 3 2>/dev/null || touch "$STATE/gpu/gpu$i"
         done
     fi
-    say "wrote $CONF (nodes ${NODES[*]}: CPUs=${LOCAL_SLURM_CPUS:-$(nproc)}, RealMemory=$(node_memory_mb) MB," \
+    say "wrote $CONF (nodes ${NODES[*]}: CPUs=${LOCAL_SLURM_CPUS:-$(host_cpus)}, RealMemory=$(node_memory_mb) MB," \
         "GPUs=$GPUS each; partitions cpu, gpu; tasks bound to their CPUs)"
 }
 
