@@ -45,8 +45,8 @@ PAPER = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
 # Ray and the engines start), ~4 min beside the rest of the suite; an evaluation ~1-2 min: every method (22
 # segments, 21 evaluations, the canary's six launches) is ~100 min, more than CI's whole budget. `make test` runs the
 # DLC run that carries the faults (DAPO+IAC+DLC: every code path of the driver, Ray, vLLM and DeepSpeed the rest
-# share) with the canary and the preflight's engine and Ray checks waived (rehearsed()): the canary's two launches
-# run in `make rehearsal` (CALIBRL_REHEARSAL=all or methods), its failing path in CI below.
+# share) with the canary waived: its two launches run in `make rehearsal` (CALIBRL_REHEARSAL=all or methods), its
+# failing path in CI below.
 # CALIBRL_REHEARSAL: "all", or methods (comma-separated) to rehearse again; unset: the CI subset
 CHOSEN = os.environ.get("CALIBRL_REHEARSAL", "")
 CI_METHODS = ("dapo_iac_dlc",)
@@ -59,14 +59,11 @@ FAULTS = (("mid_step", 3), ("before_hf", 4)) if CHOSEN else (("before_hf", 4),)
 def rehearsed() -> dict:
     """config/rehearsal.yaml, or the chosen methods of it (:data:`CI_METHODS` unless chosen; the tables cut to
     them). CI's subset trains DLC with one rank a role (its time: two ranks on two cores double each launch) and
-    waives the training canary (two launches more) and the preflight's engine and Ray checks, which
-    tests/test_preflight_cluster.py runs on the same shapes' SLURM partition (the DLC composite's training engine;
-    Ray's GPU actors and all-reduce) and which hold the training back ~3 min here; the rehearsal's evaluations and
-    training start the same engines and Ray. ``make rehearsal`` runs the config's two ranks and every check."""
+    waives the training canary (two launches more); ``make rehearsal`` runs the config's two ranks and the canary."""
     cfg = copy.deepcopy(CONFIG)
     if not CHOSEN:
         cfg["grid"]["models"][MODEL]["resources"]["dlc"]["gpus_per_node"] = 1
-        cfg["grid"]["preflight"]["waive"] = [*cfg["grid"]["preflight"]["waive"], "vllm", "ray", "canary"]
+        cfg["grid"]["preflight"]["waive"] = [*cfg["grid"]["preflight"]["waive"], "canary"]
     if CHOSEN != "all":
         keep = [m.strip() for m in CHOSEN.split(",") if m.strip()] or list(CI_METHODS)
         grid = cfg["grid"]
