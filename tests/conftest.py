@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One set of compile caches for every job the tests start, directly or on the local SLURM (whose jobs get this
 # environment): a job's own choice (calibrl.offline.cache_env) differs between a SLURM job ($TMPDIR set) and a
 # direct one, and DeepSpeed's CPU all-reduce op (2 min of g++) was built in three folders in one run of the suite.
-os.environ.update({k: v for k, v in offline.cache_env(os.environ).items() if not os.environ.get(k)})
+os.environ.update(offline.cache_env(os.environ))  # only what is unset (or empty) here
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

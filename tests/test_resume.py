@@ -307,7 +307,7 @@ def server():
     path = jobserver.start(backends.get("local").preload)
     assert path, "the job server did not start"
     env = {**os.environ}
-    del os.environ[jobserver.ENV]
+    os.environ.pop(jobserver.ENV)
     yield env
     os.environ[jobserver.ENV] = path
     jobserver.stop()
