@@ -45,8 +45,7 @@ PAPER = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
 # Ray and the engines start), ~4 min beside the rest of the suite; an evaluation ~1-2 min: every method (22
 # segments, 21 evaluations, the canary's six launches) is ~100 min, more than CI's whole budget. `make test` runs the
 # DLC run that carries the faults (DAPO+IAC+DLC: every code path of the driver, Ray, vLLM and DeepSpeed the rest
-# share) with the canary waived: its two launches run in `make rehearsal` (CALIBRL_REHEARSAL=all or methods), its
-# failing path in CI below.
+# share) behind its preflight's canary (the DLC kind's two launches), and the canary's failing path below.
 # CALIBRL_REHEARSAL: "all", or methods (comma-separated) to rehearse again; unset: the CI subset
 CHOSEN = os.environ.get("CALIBRL_REHEARSAL", "")
 CI_METHODS = ("dapo_iac_dlc",)
@@ -58,12 +57,11 @@ FAULTS = (("mid_step", 3), ("before_hf", 4)) if CHOSEN else (("before_hf", 4),)
 
 def rehearsed() -> dict:
     """config/rehearsal.yaml, or the chosen methods of it (:data:`CI_METHODS` unless chosen; the tables cut to
-    them). CI's subset trains DLC with one rank a role (its time: two ranks on two cores double each launch) and
-    waives the training canary (two launches more); ``make rehearsal`` runs the config's two ranks and the canary."""
+    them). CI's subset trains DLC, and its canary, with one rank a role (its time: two ranks on two cores double each
+    launch); ``make rehearsal`` runs the config's two ranks."""
     cfg = copy.deepcopy(CONFIG)
     if not CHOSEN:
         cfg["grid"]["models"][MODEL]["resources"]["dlc"]["gpus_per_node"] = 1
-        cfg["grid"]["preflight"]["waive"] = [*cfg["grid"]["preflight"]["waive"], "canary"]
     if CHOSEN != "all":
         keep = [m.strip() for m in CHOSEN.split(",") if m.strip()] or list(CI_METHODS)
         grid = cfg["grid"]
@@ -333,11 +331,10 @@ def _training_shapes() -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.skipif(not CHOSEN, reason="CI's subset waives the canary (its time); make rehearsal runs it")
 def test_the_preflight_trains_each_kind_of_run_as_a_canary_first(rehearsal):
     """The preflight's last check trained each kind of run of its shape (plain, DAPO, DLC among the rehearsed
     methods) 2 steps, saved, and resumed for a third, through the training job's own path, before any GPU job; the DLC
-    kind with the ranks its layout gives (config/rehearsal.yaml: 2 a role)."""
+    kind with the ranks its layout gives (config/rehearsal.yaml: 2 a role; CI's subset: 1)."""
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
     shapes = _training_shapes()
@@ -367,8 +364,7 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
 
     (shape,) = [shape for shape, kinds in _training_shapes().items() if "dlc" in kinds]
     monkeypatch.chdir(work)  # the config's folders are relative to the workflow's
-    cfg = rehearsed()  # the canary unwaived (CI's fixture waives it): the run's data and models are there
-    cfg["grid"]["preflight"]["waive"] = [w for w in cfg["grid"]["preflight"]["waive"] if w != "canary"]
+    cfg = rehearsed()  # the rehearsal's own config: the run's data and models are there
     p = PF.params(filled(cfg), shape)
     p = {**p, "checks": ["canary"], "canary": [c for c in p["canary"] if c["kind"] == "dlc"]}
     (tmp_path / "p.json").write_text(json.dumps(p))
