@@ -187,3 +187,21 @@ def test_the_warm_starts_info_records_its_weights_and_machine(tmp_path):
     a, b = infos
     assert a["weights_sha256"] == provenance.weights_sha256(tmp_path / "a" / "init") == b["weights_sha256"]
     assert a["machine"] == provenance.machine() and a["path"] == str((tmp_path / "a" / "init").resolve())
+
+
+def test_each_primary_claims_reading_is_set_beside_the_recordings(tmp_path):
+    """The recorded claims against themselves read the same; a rerun whose P5 reads otherwise says so for that claim
+    alone; a rerun without claims says what is missing."""
+    committed = RECORDED.parent / "recorded_claims.csv"
+    claims = pd.read_csv(committed)
+    primaries = claims[claims["role"] == "primary"]["claim"].tolist()
+    same = R.readings(committed, committed)
+    assert len(same) == len(primaries) and all(text.endswith(": same reading") for text in same)
+    moved = claims.copy()
+    p5 = moved["claim"].str.startswith("P5:")
+    moved.loc[p5, "reading"] = "absent"
+    moved.to_csv(tmp_path / "claims.csv", index=False)
+    lines = R.readings(tmp_path / "claims.csv", committed)
+    assert [text.split(":")[0] for text in lines if text.endswith("reading differs")] == ["claim P5"]
+    assert "rerun absent (" in next(text for text in lines if text.startswith("claim P5"))
+    assert R.readings(tmp_path / "none.csv", committed) == [f"claims: not compared (no {tmp_path / 'none.csv'})"]

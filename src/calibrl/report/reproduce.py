@@ -15,7 +15,9 @@ log-probabilities are rounded as the recording's were (``calibrl.report.power.ro
 
 Verdict: "bitwise identical", "agrees statistically" (exit 0) or "DIFFERS" (exit 1); exit 2 when the rerun and the
 recording share no seed. Beside it, the machine here and, where the files say, the rerun's warm starts' and the
-recording's (its sidecar ``<record>.machine.json``).
+recording's (its sidecar ``<record>.machine.json``), and each primary claim's reading in the rerun's ``claims.csv``
+against the recording's (``recorded_claims.csv`` beside the record): for information, not part of the verdict, since
+per-seed values that agree statistically can still move a claim near its boundaries (zero, the margin) across one.
 
 Usage: ``python -m calibrl.report.reproduce RESULTS [--record tests/data/recorded_default.csv.gz]
 [--plan config/plan.yaml] [--model qwen3-tiny-m]``.
@@ -174,6 +176,27 @@ def machines(results: Path, model: str, record: Path) -> list[str]:
     return out
 
 
+def readings(rerun: Path, recorded: Path) -> list[str]:
+    """A line per primary claim of the recording: its reading and 95% interval there and in the rerun's claims, and
+    whether the reading is the same (information: not part of the verdict)."""
+    if not (rerun.is_file() and recorded.is_file()):
+        return [f"claims: not compared (no {rerun if not rerun.is_file() else recorded})"]
+    new, old = (pd.read_csv(p).set_index("claim") for p in (rerun, recorded))
+    out = []
+    for claim, r in old[old["role"] == "primary"].iterrows():
+        if claim not in new.index:
+            out.append(f"claim {claim}: not in the rerun's claims")
+            continue
+        n = new.loc[claim]
+        same = "same reading" if n["reading"] == r["reading"] else "reading differs"
+
+        def shown(x):
+            return f"{x['reading']} ({x['estimate']:.3g} [{x['ci_low']:.3g}, {x['ci_high']:.3g}])"
+
+        out.append(f"claim {claim.split(':')[0]}: recording {shown(r)}, rerun {shown(n)}: {same}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results")
@@ -182,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen3-tiny-m")
     args = ap.parse_args(argv)
     root, record = Path(args.results), Path(args.record)
+    if not record.is_file():
+        ap.error(f"--record {record}: no such file (the recording is tests/data/recorded_default.csv.gz in the "
+                 "repository: run from its root or pass its path)")  # fmt: skip
     plan = AP.load(args.plan)
     rerun = load_model_results(root, args.model)
     rows = compare(rerun, read_record(record), plan, args.model)
@@ -189,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     for r in rows:
         print(line(r))
+    for text in readings(root / "claims.csv", record.parent / "recorded_claims.csv"):
+        print(text)
     text, code = verdict(rows)
     print(f"verdict: {text}")
     return code
