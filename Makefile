@@ -8,7 +8,7 @@
 # make cluster-check : resolve the cluster's GPU stack + this package against PyPI (scripts/cluster_env.sh check)
 # make rehearsal : the CPU rehearsal of every method of config/paper.yaml (tests/test_rehearsal.py with
 #              CALIBRL_REHEARSAL=all; ~100 min on 2 cores, the canary included; METHODS=filter,grpo rehearses those again); make test
-#              runs its CI subset (DAPO+IAC+DLC, killed once between DeepSpeed's save and the HF copy)
+#              runs its CI subset (DAPO+IAC+DLC and its canary, killed once between DeepSpeed's save and the HF copy)
 # make docs : regenerate config/README.md from the config schema (tests/test_docs.py checks it is current)
 PYTHON ?= python3
 VENV ?= .venv
