@@ -176,11 +176,16 @@ def machines(results: Path, model: str, record: Path) -> list[str]:
     return out
 
 
+def _reading(row: pd.Series) -> str:
+    return f"{row['reading']} ({row['estimate']:.3g} [{row['ci_low']:.3g}, {row['ci_high']:.3g}])"
+
+
 def readings(rerun: Path, recorded: Path) -> list[str]:
     """A line per primary claim of the recording: its reading and 95% interval there and in the rerun's claims, and
     whether the reading is the same (information: not part of the verdict)."""
-    if not (rerun.is_file() and recorded.is_file()):
-        return [f"claims: not compared (no {rerun if not rerun.is_file() else recorded})"]
+    missing = [p for p in (rerun, recorded) if not p.is_file()]
+    if missing:
+        return [f"claims: not compared (no {missing[0]})"]
     new, old = (pd.read_csv(p).set_index("claim") for p in (rerun, recorded))
     out = []
     for claim, r in old[old["role"] == "primary"].iterrows():
@@ -189,11 +194,7 @@ def readings(rerun: Path, recorded: Path) -> list[str]:
             continue
         n = new.loc[claim]
         same = "same reading" if n["reading"] == r["reading"] else "reading differs"
-
-        def shown(x):
-            return f"{x['reading']} ({x['estimate']:.3g} [{x['ci_low']:.3g}, {x['ci_high']:.3g}])"
-
-        out.append(f"claim {claim.split(':')[0]}: recording {shown(r)}, rerun {shown(n)}: {same}")
+        out.append(f"claim {claim.split(':')[0]}: recording {_reading(r)}, rerun {_reading(n)}: {same}")
     return out
 
 
@@ -206,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root, record = Path(args.results), Path(args.record)
     if not record.is_file():
-        ap.error(f"--record {record}: no such file (the recording is tests/data/recorded_default.csv.gz in the "
-                 "repository: run from its root or pass its path)")  # fmt: skip
+        ap.error(f"--record {record}: no such file (the recording is {ap.get_default('record')} in the repository: "
+                 "run from its root or pass its path)")  # fmt: skip
     plan = AP.load(args.plan)
     rerun = load_model_results(root, args.model)
     rows = compare(rerun, read_record(record), plan, args.model)
