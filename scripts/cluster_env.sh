@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The GPU environment of the cluster jobs: a venv on the shared file system, built once on the login node.
 #
-#   scripts/cluster_env.sh build    check, then create $CALIBRL_GPU_VENV and install everything (login node, no GPU)
-#   scripts/cluster_env.sh check    resolve the pinned stack + this package against the index, install nothing
+#   scripts/cluster_env.sh build [TRAINER]   check, then create the trainer's venv and install everything (login
+#                                   node, no GPU)
+#   scripts/cluster_env.sh check [TRAINER]   resolve the trainer's pinned stack + this package against the index,
+#                                   install nothing
+#   scripts/cluster_env.sh env [TRAINER]     the venv and the requirements file build and check would use
+#                                   (venv=..., requirements=...)
 #   scripts/cluster_env.sh python   the Python build and check would use, and its version (exit 3 if none fits)
 #   scripts/cluster_env.sh post     the steps after the one pip pass, in the python on PATH (also the conda
 #                                   post-deploy of envs/cluster-*.yaml): flash-attn wheel, OpenRLHF, checks
@@ -14,11 +18,18 @@
 #   scripts/cluster_env.sh find-wheel [TORCH CUDA ABI PYTAG [PLATFORM]]
 #                                   the wheel in the cache for that torch; exit 1 (and why, on stderr) if none
 #
-# What goes in: envs/cluster-gpu.txt (torch, vLLM, OpenRLHF 0.11.2's own requirements, the SLURM job-step
-# plugin) and this checkout (editable), in one pip pass; then flash-attn from a prebuilt wheel, never compiled
-# here; then OpenRLHF 0.11.2 without its requirements (all installed already; its pin flash-attn==2.8.3 would
-# make pip compile flash-attn from the sdist, the only thing PyPI has). slurm/config.yaml makes every SLURM job
-# run in this venv (precommand puts its bin/ first on PATH).
+# TRAINER: a grid.trainer whose backend has a GPU side (calibrl.backends.GpuSide) [openrlhf]. Its venv and its
+# requirements file are the GPU side's `venv` and `requirements` (paths under this checkout: OpenRLHF's .venv-gpu
+# and envs/cluster-gpu.txt), read from the backend's source where they are string literals (nothing imported: this
+# Python need not have the package's requirements), else from the backend imported in it; CALIBRL_GPU_VENV and
+# CALIBRL_GPU_REQUIREMENTS replace them.
+#
+# What goes in: the requirements file (OpenRLHF's: torch, vLLM, OpenRLHF 0.11.2's own requirements, the SLURM
+# job-step plugin) and this checkout (editable), in one pip pass; then flash-attn from a prebuilt wheel, never
+# compiled here; then OpenRLHF 0.11.2 without its requirements (all installed already; its pin flash-attn==2.8.3
+# would make pip compile flash-attn from the sdist, the only thing PyPI has). The workflow makes every SLURM job of
+# a grid whose trainer is TRAINER run in this venv (it sets CALIBRL_GPU_VENV, and slurm/config.yaml's precommand
+# puts its bin/ first on PATH).
 #
 # flash-attn: OpenRLHF cannot run without it (openrlhf/models/ring_attn_utils.py imports it; packing forces
 # flash_attention_2). `post` installs, in this order: FLASH_ATTN_WHEEL if set; else the wheel in the cache
@@ -40,14 +51,15 @@
 # wheels for CPython 3.10-3.12 only, and no sdist.
 #
 # `check` runs the resolution a `build` would do, for the cluster (that Python's version, manylinux_2_28 x86_64,
-# PyPI's torch, i.e. the CUDA build), and compares the OpenRLHF block of envs/cluster-gpu.txt with the
-# Requires-Dist of the openrlhf==0.11.2 wheel. With uv (UV, or `uv` on PATH) the target platform is explicit and
-# the run takes seconds; with pip (`pip install --dry-run --report`, minutes) it is the found interpreter's, which
-# must then run on Linux x86_64. The pinned set is written to $CHECK_OUT/cluster-gpu.lock.txt.
+# PyPI's torch, i.e. the CUDA build), and compares the OpenRLHF block of the requirements (where they have one,
+# as envs/cluster-gpu.txt does) with the Requires-Dist of the openrlhf==0.11.2 wheel. With uv (UV, or `uv` on
+# PATH) the target platform is explicit and the run takes seconds; with pip (`pip install --dry-run --report`,
+# minutes) it is the found interpreter's, which must then run on Linux x86_64. The pinned set is written to
+# $CHECK_OUT/cluster-gpu.lock.txt.
 #
 # Environment (all optional):
-#   CALIBRL_GPU_VENV    the venv                                             [<repo>/.venv-gpu]
-#   CALIBRL_GPU_REQUIREMENTS  the requirements file                          [<repo>/envs/cluster-gpu.txt]
+#   CALIBRL_GPU_VENV    the venv                              [<repo>/<the trainer's venv>: .venv-gpu]
+#   CALIBRL_GPU_REQUIREMENTS  the requirements file     [<repo>/<the trainer's requirements>: envs/cluster-gpu.txt]
 #   CALIBRL_PYTHON, PYTHON  the CPython 3.11 or 3.12 (name or path) for the venv and the checks
 #                       [the first that fits of python3.12, python3.11, python3.10, python3 on PATH]
 #   INDEX_URL           package index                                        [https://pypi.org/simple]
@@ -59,10 +71,11 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-REQUIREMENTS=${CALIBRL_GPU_REQUIREMENTS:-$REPO/envs/cluster-gpu.txt}
+TRAINER=openrlhf  # build|check|env TRAINER
+REQUIREMENTS=     # the trainer's (backend_env)
+VENV=
 OPENRLHF=openrlhf==0.11.2
 INDEX_URL=${INDEX_URL:-https://pypi.org/simple}
-VENV=${CALIBRL_GPU_VENV:-$REPO/.venv-gpu}
 FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION:-2.8.3}
 WHEELS=${CALIBRL_WHEELS:-$REPO/.wheels}
 
@@ -151,10 +164,72 @@ pip_python() {  # pip_python TMP: a Python PY_VERSION with pip: PY itself, else 
     fi
 }
 
+# ------------------------------------------------------------------------------------------------ the trainer's
+backend_env() {  # sets VENV and REQUIREMENTS: TRAINER's GpuSide.venv and .requirements, unless the variables are set
+    local out=
+    if [ -n "${CALIBRL_GPU_VENV:-}" ] && [ -n "${CALIBRL_GPU_REQUIREMENTS:-}" ]; then
+        VENV=$CALIBRL_GPU_VENV REQUIREMENTS=$CALIBRL_GPU_REQUIREMENTS
+        return
+    fi
+    out=$("$PY" - "$REPO/src/calibrl/backends" "$TRAINER" <<'PY'
+import ast, pathlib, sys
+
+root, name = pathlib.Path(sys.argv[1]), sys.argv[2]
+names = sorted(p.parent.name for p in root.glob("*/__init__.py"))
+if name not in names:
+    sys.exit(f"cluster_env.sh: unknown trainer {name!r}; the backends are {names}")
+
+
+def literals() -> dict | None:
+    """The one class of the backend's folder that declares both as string literals, read without importing
+    anything (this Python need not have the package's requirements); None where there is not exactly one."""
+    found = []
+    for path in sorted((root / name).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            strings = {}  # its class attributes that are string literals
+            for stmt in node.body:
+                target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+                if isinstance(target, ast.Name) and isinstance(getattr(stmt, "value", None), ast.Constant):
+                    if isinstance(stmt.value.value, str):
+                        strings[target.id] = stmt.value.value
+            if {"venv", "requirements"} <= strings.keys():
+                found.append(strings)
+    return found[0] if len(found) == 1 else None
+
+
+def imported() -> dict:
+    """Else the backend's GPU side itself, imported (its module-level imports must then be in this Python)."""
+    sys.path.insert(0, str(root.parent.parent))
+    from calibrl import backends
+
+    gpu = backends.get(name).gpu
+    if gpu is None:
+        sys.exit(f"cluster_env.sh: trainer {name} has no GPU side (calibrl.backends.GpuSide): its jobs need no GPU venv")
+    return {"venv": gpu.venv, "requirements": gpu.requirements}
+
+
+try:
+    side = literals() or imported()
+except ImportError as err:
+    sys.exit(f"cluster_env.sh: trainer {name}'s folder declares no venv and requirements as string literals, and "
+             f"importing it in {sys.executable} failed ({err}): set CALIBRL_GPU_VENV and CALIBRL_GPU_REQUIREMENTS")
+print(f"venv={side['venv']}\nrequirements={side['requirements']}")
+PY
+    ) || exit 1
+    VENV=${CALIBRL_GPU_VENV:-$REPO/$(field venv "$out")}
+    REQUIREMENTS=${CALIBRL_GPU_REQUIREMENTS:-$REPO/$(field requirements "$out")}
+}
+
 # ------------------------------------------------------------------------------------------------ check
 # OpenRLHF's Requires-Dist (no extras, flash-attn left out) must be the block between the >>> / <<< lines.
 compare_with_openrlhf() {
     local tmp=$1
+    if ! grep -q '^# >>> openrlhf' "$REQUIREMENTS"; then
+        echo "cluster_env.sh: $REQUIREMENTS has no OpenRLHF block: nothing to compare with the openrlhf wheel" >&2
+        return
+    fi
     "$PIP_PY" -m pip download --isolated --quiet --disable-pip-version-check --no-deps --index-url "$INDEX_URL" -d "$tmp/openrlhf" "$OPENRLHF" ||
         die "cannot download $OPENRLHF from $INDEX_URL with $PIP_PY (Python $PY_VERSION; the check needs the network to the index)"
     "$PY" - "$REQUIREMENTS" "$tmp"/openrlhf/*.whl <<'PY'
@@ -174,12 +249,12 @@ theirs = {norm(r) for r in reqs if "extra==" not in norm(r) and not norm(r).star
 extra_vllm = [r for r in reqs if 'extra == "vllm"' in r]
 missing, surplus = sorted(theirs - ours), sorted(ours - theirs)
 if missing or surplus:
-    sys.exit(f"envs/cluster-gpu.txt differs from {sys.argv[2].rsplit('/', 1)[-1]}: missing {missing}, not required {surplus}")
+    sys.exit(f"{sys.argv[1]} differs from {sys.argv[2].rsplit('/', 1)[-1]}: missing {missing}, not required {surplus}")
 print(f"OpenRLHF block matches the wheel's {len(theirs)} requirements (flash-attn aside); its vllm extra: {extra_vllm}")
 PY
 }
 
-resolve() {  # resolve OUT: the pinned set of envs/cluster-gpu.txt + this checkout, written to OUT
+resolve() {  # resolve OUT: the pinned set of the requirements + this checkout, written to OUT
     local out=$1 tmp=$2 uv=${UV:-$(command -v uv || true)}
     printf -- '-r %s\n-e %s\n' "$REQUIREMENTS" "$REPO" > "$tmp/in.txt"
     if [ -n "$uv" ]; then
@@ -203,8 +278,8 @@ PY
     fi
 }
 
-summarise() {  # the pins that matter, from a lock file
-    "$PY" - "$1" <<'PY'
+summarise() {  # summarise LOCK: the requirements file's pins, found in the lock file
+    "$PY" - "$1" "$REQUIREMENTS" <<'PY'
 import re, sys
 pins = {}
 for line in open(sys.argv[1]):
@@ -213,12 +288,17 @@ for line in open(sys.argv[1]):
         pins[re.sub(r"\[.*\]", "", m[1]).lower().replace("_", "-")] = m[2]
     elif line.strip().startswith("-e "):
         pins["calibrl"] = "editable: " + line.split(None, 1)[1].strip()
-want = {"torch": "2.13.0", "vllm": "0.29.0", "ray": "2.55.0", "deepspeed": "0.19.6", "transformers": "5.15.0"}
+# every pin of the requirements file, as the resolution must keep it
+want = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)", line.strip())
+    if m:
+        want[re.sub(r"\[.*\]", "", m[1]).lower().replace("_", "-")] = m[2]
 bad = {k: pins.get(k) for k, v in want.items() if pins.get(k) != v}
 if bad or "calibrl" not in pins:
     sys.exit(f"resolved set lacks the pins {want}: got {bad}, calibrl {pins.get('calibrl')}")
 cuda = pins.get("nvidia-cuda-runtime") or pins.get("nvidia-cuda-runtime-cu12")
-print(f"{len(pins)} packages; " + ", ".join(f"{k} {pins[k]}" for k in [*want, "numpy", "snakemake", "calibrl"]))
+print(f"{len(pins)} packages; " + ", ".join(f"{k} {pins.get(k)}" for k in [*want, "numpy", "calibrl"]))
 print(f"torch is the CUDA build (nvidia-cuda-runtime {cuda}); flash-attn: {pins.get('flash-attn', 'not in the set')}")
 PY
 }
@@ -337,16 +417,27 @@ then run scripts/cluster_env.sh build (or post) again. Or set FLASH_ATTN_WHEEL=<
 OpenRLHF 0.11.2 cannot run without flash-attn (openrlhf.models imports it)"
 }
 
+# What `post` does after the pip pass is the requirements file's to say, in comment lines (so each backend's file
+# carries its own steps): `# cluster_env: flash-attn` (flash-attn from a prebuilt wheel, above), `# cluster_env:
+# no-deps PKG==V` (installed without its requirements, after flash-attn), `# cluster_env: import MOD...` (the imports
+# that must work at the end).
+directive() { sed -n "s/^# cluster_env: $1\( \|$\)//p" "$REQUIREMENTS"; }
+
 post() {  # in the environment whose python is first on PATH
-    local wheel
-    wheel=$(flash_attn_source) || exit 1
-    echo "flash-attn from $wheel" >&2
-    python -m pip install --no-deps "$wheel" || die "cannot install flash-attn from $wheel (from a node without \
+    local wheel pkg modules
+    if grep -q '^# cluster_env: flash-attn$' "$REQUIREMENTS"; then
+        wheel=$(flash_attn_source) || exit 1
+        echo "flash-attn from $wheel" >&2
+        python -m pip install --no-deps "$wheel" || die "cannot install flash-attn from $wheel (from a node without \
 GitHub, download it into $WHEELS; or build one: cd $REPO && sbatch scripts/build_flash_attn.sh)"
-    python -m pip install --no-deps --index-url "$INDEX_URL" "$OPENRLHF"
+    fi
+    for pkg in $(directive no-deps); do
+        python -m pip install --no-deps --index-url "$INDEX_URL" "$pkg"
+    done
     python -m pip show calibrl > /dev/null 2>&1 || python -m pip install -e "$REPO"   # conda: not in its pip pass
     python -m pip check
-    python -c "import flash_attn.bert_padding, openrlhf.models.actor, vllm, deepspeed, ray, calibrl; print('imports ok')"
+    modules=$(directive import | tr ' ' '\n' | sed '/^$/d' | paste -sd, -)
+    python -c "import ${modules:-calibrl}; print('imports ok: ${modules:-calibrl}')"
 }
 
 build() {  # in PY (find_python first), then in the venv made with it
@@ -364,24 +455,35 @@ python$PY_VERSION-venv (Debian/Ubuntu) or its pip package, or name another Pytho
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --index-url "$INDEX_URL" -r "$REQUIREMENTS" -e "$REPO"
     PATH="$VENV/bin:$PATH" post
-    echo "cluster_env.sh: $VENV is ready; slurm/config.yaml runs the SLURM jobs in it" >&2
+    echo "cluster_env.sh: $VENV is ready; the workflow runs the SLURM jobs of grid.trainer $TRAINER in it" >&2
 }
 
 case ${1:-} in
-    check | build)
+    check | build | env)
+        TRAINER=${2:-$TRAINER}
         find_python
-        "$1"
+        backend_env
+        if [ "$1" = env ]; then
+            printf 'venv=%s\nrequirements=%s\n' "$VENV" "$REQUIREMENTS"
+        else
+            "$1"
+        fi
         ;;
     python)
         find_python
         echo "$PY"
         echo "$PY_VERSION"
         ;;
-    post) "$1" ;;
+    post)  # post [TRAINER]: the conda post-deploy scripts run it in the new environment
+        TRAINER=${2:-$TRAINER}
+        find_python
+        backend_env
+        post
+        ;;
     wheel-name) flash_attn_py name "${@:2}" ;;
     find-wheel) flash_attn_py find "${@:2}" ;;
     *)
-        echo "usage: $0 build|check|python|post|wheel-name|find-wheel" >&2
+        echo "usage: $0 build|check|env [TRAINER] | python|post|wheel-name|find-wheel" >&2
         exit 2
         ;;
 esac

@@ -150,7 +150,7 @@ def _layouts() -> dict[str, dict]:
     """Each backend with a GPU layout: the config schema as the config check reads it for that trainer."""
     from calibrl import backends, config
 
-    return {name: config.schema(trainer=name) for name in backends.names() if backends.get(name).layout}
+    return {name: config.schema(trainer=name) for name in backends.names() if backends.get(name).gpu is not None}
 
 
 def render() -> str:

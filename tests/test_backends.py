@@ -27,21 +27,44 @@ from calibrl.models import build_model, build_tokenizer, save
 CALLS = []
 
 
+def _check_implements(obj, protocol, what: str) -> None:
+    """``obj`` has every member ``protocol`` declares, its methods with the protocol's parameters."""
+    members = {n: m for n, m in inspect.getmembers(protocol) if not n.startswith("_")}
+    for member in set(members) | set(protocol.__annotations__):
+        assert hasattr(obj, member), f"{what} lacks {member}"
+    for method, proto in members.items():
+        if callable(proto):
+            got = list(inspect.signature(getattr(obj, method)).parameters)
+            assert got == list(inspect.signature(proto).parameters)[1:], (what, method)
+
+
 def test_every_backend_implements_the_protocol():
-    members = {n: m for n, m in inspect.getmembers(backends.Backend) if not n.startswith("_")}
-    declared = {n for n in backends.Backend.__annotations__}
-    assert backends.names() == ["local", "openrlhf"]
+    """Every backend implements the trainer core and stubs nothing of the GPU side, which a backend that trains on
+    GPUs implements as its ``gpu`` (its venv a path under the checkout, its requirements a file of it)."""
+    assert {"local", "openrlhf"} <= set(backends.names())
+    gpu_members = {n for n, _ in inspect.getmembers(backends.GpuSide) if not n.startswith("_")}
+    gpu_members |= set(backends.GpuSide.__annotations__)
     for name in backends.names():
         backend = backends.get(name)
         assert backend.name == name
-        for member in set(members) | declared:
-            assert hasattr(backend, member), f"{name} lacks {member}"
-        for method, proto in members.items():
-            if callable(proto):
-                got = list(inspect.signature(getattr(backend, method)).parameters)
-                assert got == list(inspect.signature(proto).parameters)[1:], (name, method)
-    with pytest.raises(ValueError, match="unknown trainer 'verl'"):
-        backends.get("verl")
+        _check_implements(backend, backends.Backend, name)
+        assert not {m for m in gpu_members if hasattr(backend, m)}, f"{name}: the GPU side's members are its gpu's"
+        if backend.gpu is not None:
+            _check_implements(backend.gpu, backends.GpuSide, f"{name}.gpu")
+            assert not Path(backend.gpu.venv).is_absolute() and (REPO / backend.gpu.requirements).is_file(), name
+    assert backends.get("local").gpu is None and backends.get("openrlhf").gpu.venv == ".venv-gpu"
+    with pytest.raises(ValueError, match="unknown trainer 'nonesuch'"):
+        backends.get("nonesuch")
+
+
+def test_a_gpu_backends_jobs_run_in_its_own_venv(monkeypatch):
+    """The workflow exports CALIBRL_GPU_VENV as the grid's backend's venv under the checkout, unless it is set; a CPU
+    backend's grid sets none (its jobs run where Snakemake runs)."""
+    monkeypatch.delenv("CALIBRL_GPU_VENV", raising=False)
+    paper, micro = filled("paper"), filled(yaml.safe_load((REPO / ".test" / "config.yaml").read_text()))
+    assert G.gpu_venv(paper, "/site/calibrl") == "/site/calibrl/.venv-gpu" and G.gpu_venv(micro, "/site") is None
+    monkeypatch.setenv("CALIBRL_GPU_VENV", "/site/venv")
+    assert G.gpu_venv(paper, "/site/calibrl") == "/site/venv" and G.gpu_venv(micro, "/site") is None
 
 
 def test_no_trainer_branches_outside_the_backends():
@@ -142,12 +165,11 @@ from calibrl.runs import checkpoint_steps
 
 class FrozenBackend:
     name = "frozen"
-    on_gpus = False
     extends_runs = True
     env = "../../envs/local.yaml"
     ignored = {}
     preload = ()
-    layout = None
+    gpu = None
 
     def problems(self, grid, runs):
         return [(f"grid.methods.{spec.name}.dlc_mu", "a frozen policy has no memory") for _, spec in runs
@@ -161,12 +183,6 @@ class FrozenBackend:
 
     def segments(self, grid, run, spec):
         return [int(grid["train"]["steps"])]
-
-    def request(self, grid, run, spec):
-        return {}
-
-    def resources(self, grid, run, spec):
-        return None
 
     def warmstart(self, params, sft_path, model_dir, info_path, threads):
         tokenizer = build_tokenizer()
@@ -183,17 +199,8 @@ class FrozenBackend:
             write_marker(ckpt / f"step_{step}.done", step, policy)
         (Path(settings_path).parent / "metrics.jsonl").write_text("")
 
-    def preflight_checks(self):
-        return {}
-
-    def vllm_plugin(self, stamp):
-        pass
-
     def metrics(self, run_dir, out_path):
         Path(out_path).write_text((Path(run_dir) / "metrics.jsonl").read_text())
-
-    def release(self, policy_dir, step, keep_steps):
-        return False
 
 
 BACKEND = FrozenBackend()
@@ -248,8 +255,8 @@ def test_a_new_backend_is_one_folder(tmp_path):
     assert lint.returncode == 0 and "4 kept, 0 broken" in lint.stdout, lint.stdout[-3000:]
 
 
-RELAY = '''"""A throwaway GPU backend (tests/test_backends.py): its own layout schema, preflight check and price;
-it never trains (nothing here runs its jobs)."""
+RELAY = '''"""A throwaway GPU backend (tests/test_backends.py): its own venv, layout schema, preflight check and
+price; it never trains (nothing here runs its jobs)."""
 
 from calibrl.cost import RunCost
 
@@ -261,15 +268,43 @@ def ping(p):
     return f"relay: {p['gpus_per_node']} GPUs asked for"
 
 
+class RelayGpu:
+    venv = ".venv-relay"
+    requirements = "envs/cluster-gpu.txt"
+    layout = {"layout": LAYOUT, "overlay": {"type": "object", "additionalProperties": False,
+                                            "properties": {"gpus": {"type": "integer", "minimum": 1}}}}
+
+    def resources(self, grid, run, spec):
+        res = grid["models"][run.model]["resources"]
+        return {"gpus": res["gpus"], **(res["dlc"] if spec.uses_dlc else {})}
+
+    def request(self, grid, run, spec):
+        return {"nodes": 1, "gres": f"gpu:{self.resources(grid, run, spec)['gpus']}"}
+
+    def rollout_engine(self, train, spec, layout, model, memory):
+        return None
+
+    def preflight_checks(self):
+        return {"relay_ping": ping}
+
+    def vllm_plugin(self, stamp):
+        pass
+
+    def train_cost(self, plan, a):
+        gpus = int(plan.layout["gpus"])
+        return RunCost(len(plan.ends), gpus, 1, gpus, 1.0, 1.0, 1e9, f"{plan.path}: relay's flat price")
+
+    def release(self, policy_dir, step, keep_steps):
+        return False
+
+
 class RelayBackend:
     name = "relay"
-    on_gpus = True
     extends_runs = False
     env = "../../envs/cluster-train.yaml"
     ignored = {"warmstart": "Hub models"}
     preload = ()
-    layout = {"layout": LAYOUT, "overlay": {"type": "object", "additionalProperties": False,
-                                            "properties": {"gpus": {"type": "integer", "minimum": 1}}}}
+    gpu = RelayGpu()
 
     def problems(self, grid, runs):
         return [(f"grid.models.{name}.resources.gpus", "relay runs on at most 8 GPUs")
@@ -287,37 +322,14 @@ class RelayBackend:
     def segments(self, grid, run, spec):
         return [int(grid["train"]["steps"])]
 
-    def resources(self, grid, run, spec):
-        res = grid["models"][run.model]["resources"]
-        return {"gpus": res["gpus"], **(res["dlc"] if spec.uses_dlc else {})}
-
-    def request(self, grid, run, spec):
-        return {"nodes": 1, "gres": f"gpu:{self.resources(grid, run, spec)['gpus']}"}
-
     def warmstart(self, params, sft_path, model_dir, info_path, threads):
         raise NotImplementedError("relay starts from Hub models")
 
     def train(self, settings_path, stop_at, threads, workers):
         raise NotImplementedError("relay never trains")
 
-    def rollout_engine(self, train, spec, layout, model, memory):
-        return None
-
-    def preflight_checks(self):
-        return {"relay_ping": ping}
-
-    def vllm_plugin(self, stamp):
-        pass
-
-    def train_cost(self, plan, a):
-        gpus = int(plan.layout["gpus"])
-        return RunCost(len(plan.ends), gpus, 1, gpus, 1.0, 1.0, 1e9, f"{plan.path}: relay's flat price")
-
     def metrics(self, run_dir, out_path):
         raise NotImplementedError
-
-    def release(self, policy_dir, step, keep_steps):
-        return False
 
 
 BACKEND = RelayBackend()
@@ -354,7 +366,7 @@ def test_a_new_gpu_backend_is_one_folder(tmp_path):
     """A GPU backend written into a copy of the package, one folder and nothing else: the config check validates the
     models' resources against its layout schema (OpenRLHF's keys are unknown to it) and refuses by key what it
     cannot run, the planner prices its runs with its cost, the preflight runs its check beside the common ones, and
-    Snakemake plans the paper's DAG through it, its preflight first."""
+    Snakemake plans the paper's DAG through it, its preflight first, its SLURM jobs in its own venv."""
     import shutil
 
     from conftest import SNAKEMAKE, copy_workflow
@@ -365,7 +377,7 @@ def test_a_new_gpu_backend_is_one_folder(tmp_path):
     before = {p: p.read_bytes() for p in [*src.rglob("*"), *work.rglob("*")] if p.is_file()}
     (src / "calibrl" / "backends" / "relay").mkdir()
     (src / "calibrl" / "backends" / "relay" / "__init__.py").write_text(RELAY)
-    env = {**__import__("os").environ, "PYTHONPATH": str(src)}
+    env = {k: v for k, v in __import__("os").environ.items() if k != "CALIBRL_GPU_VENV"} | {"PYTHONPATH": str(src)}
     probe = subprocess.run([sys.executable, "-c", RELAY_PROBE, str(REPO / "config" / "paper.yaml")], env=env,
                            capture_output=True, text=True, cwd=work)  # fmt: skip
     assert probe.returncode == 0, probe.stderr[-3000:]
@@ -390,6 +402,7 @@ def test_a_new_gpu_backend_is_one_folder(tmp_path):
     after = {p: p.read_bytes() for p in [*src.rglob("*"), *work.rglob("*")] if p.is_file() and "relay" not in p.parts}
     assert {p: b for p, b in after.items() if p in before} == before  # no file of the package or workflow changed
     text = proc.stdout + proc.stderr
+    assert f"SLURM jobs' venv: {work / '.venv-relay'} (CALIBRL_GPU_VENV)" in text  # the workflow exports it
     stats = dict(line.split()[:2] for line in text.split("Job stats:")[1].splitlines()[3:] if len(line.split()) == 2)
     # a training job per run (one segment each), and a preflight per shape: n1-gpu4 (training), n1-gpu8 (engines)
     assert stats["preflight"] == "2" and int(stats["train"]) == out["runs"] > 20, stats

@@ -352,7 +352,7 @@ def test_evaluated_checkpoints_are_removed_unless_newest_or_kept(tmp_path):
             list(steps),
             workers=0,
             # as scripts/evaluate.py wires grid.retention to the run's backend
-            release=(lambda policy, step: backend.release(policy, step, keep["keep_steps"]))
+            release=(lambda policy, step: backend.gpu.release(policy, step, keep["keep_steps"]))
             if keep["remove_evaluated"]
             else None,
         )
@@ -374,5 +374,5 @@ def test_an_evaluation_names_its_checkpoints_marker():
     assert marker_of("res/runs/m/grpo/s0/eval/step_50.json") == "res/runs/m/grpo/s0/ckpt/step_50.done"
     with pytest.raises(ValueError, match="not an evaluation file"):
         marker_of("res/runs/m/grpo/s0/metrics.jsonl")
-    # the CPU backend's checkpoints stay: they are small and resumed from
-    assert G.backend(CONFIG).release("anything", 2, []) is False
+    # the CPU backend's checkpoints stay: they are small and resumed from (no GPU side, hence nothing released)
+    assert G.backend(CONFIG).gpu is None

@@ -27,7 +27,7 @@ NOT_CONFIG = {
 
 
 def schema_keys() -> tuple[set[str], set[str]]:
-    """Every property name of the config schema (with what each backend contributes: ``Backend.layout``), and
+    """Every property name of the config schema (with what each GPU backend contributes: ``GpuSide.layout``), and
     those given a default somewhere in it."""
     names, defaulted = set(), set()
 
@@ -44,7 +44,7 @@ def schema_keys() -> tuple[set[str], set[str]]:
                 walk(value)
 
     walk(yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text()))
-    walk([backends.get(name).layout for name in backends.names()])
+    walk([gpu.layout for name in backends.names() if (gpu := backends.get(name).gpu) is not None])
     assert {"vllm_engines", "zero_stage"} <= names  # OpenRLHF's layout, from its folder
     return names, defaulted
 

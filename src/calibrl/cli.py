@@ -124,7 +124,7 @@ def _plan(args: argparse.Namespace) -> int:
         overrides.update({k: float(v) for k, v in (yaml.safe_load(Path(path).read_text()) or {}).items()})
     overrides.update(P.parse_assume(args.assume or []))
     config = C.load(args.configfile)
-    if not G.backend(config).on_gpus:
+    if G.backend(config).gpu is None:
         print(f"grid.trainer {config['grid']['trainer']}: its runs take no GPUs, nothing to price")
         return 0
     profiles = args.profile or ["slurm"]  # as `snakemake --profile slurm`, from the checkout's root

@@ -150,18 +150,19 @@ NO_LAYOUT = {"type": "object"}
 
 
 def backend_defs(defs: dict, trainer: str | None) -> dict:
-    """``$defs/layout`` and ``layout_overlay``: the GPU layout of backend ``trainer`` (``Backend.layout``; None: that
-    of the only backend with one, as where no config names a trainer); and ``preflight_check``: the schema's common
-    checks and every backend's own (``Backend.preflight_checks``)."""
+    """``$defs/layout`` and ``layout_overlay``: the GPU layout of backend ``trainer`` (``GpuSide.layout``, where it
+    has a GPU side; None: that of the only backend with one, as where no config names a trainer); and
+    ``preflight_check``: the schema's common checks and every GPU side's own (``GpuSide.preflight_checks``)."""
     from calibrl import backends
 
-    layouts = {name: backends.get(name).layout for name in backends.names()}
+    gpus = {name: backends.get(name).gpu for name in backends.names()}
+    layouts = {name: gpu.layout if gpu is not None else None for name, gpu in gpus.items()}
     if trainer is None:
         some = [layout for layout in layouts.values() if layout]
         layout = some[0] if len(some) == 1 else None
     else:
         layout = layouts.get(trainer)
-    own = [c for name in backends.names() for c in backends.get(name).preflight_checks()]
+    own = [c for gpu in gpus.values() if gpu is not None for c in gpu.preflight_checks()]
     checks = defs["preflight_check"]
     return {
         "layout": {**defs["layout"], **(layout["layout"] if layout else NO_LAYOUT)},

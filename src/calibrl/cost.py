@@ -1,5 +1,5 @@
 """The throughput model the cluster planner prices a grid with (``calibrl.plan``), and what a GPU backend reports of
-one run's cost (:class:`RunPlan` in, :class:`RunCost` out: ``Backend.train_cost``).
+one run's cost (:class:`RunPlan` in, :class:`RunCost` out: ``GpuSide.train_cost``).
 
 The model is stated, not measured: every number is in ``ASSUMPTIONS`` with where it comes from, overridable with
 ``calibrl plan --assume key=value``; model sizes come from the Qwen3 configs (``QWEN3``) or a downloaded folder's

@@ -152,8 +152,18 @@ def segment_of(config: dict, run: Run, step: int) -> int:
 
 
 def request(config: dict, run: Run) -> dict:
-    """What one training job of ``run`` asks SLURM for (the backend's; {} on CPU)."""
-    return backend(config).request(config["grid"], run, method(config, run.method))
+    """What one training job of ``run`` asks SLURM for (its backend's GPU side's; {} on CPU)."""
+    gpu = backend(config).gpu
+    return {} if gpu is None else gpu.request(config["grid"], run, method(config, run.method))
+
+
+def gpu_venv(config: dict, root: str) -> str | None:
+    """The venv the grid's SLURM jobs run in: ``CALIBRL_GPU_VENV`` where set, else its backend's (``GpuSide.venv``)
+    under ``root``, the checkout; None where the backend has no GPU side."""
+    gpu = backend(config).gpu
+    if gpu is None:
+        return None
+    return os.environ.get("CALIBRL_GPU_VENV") or os.path.abspath(os.path.join(root, gpu.venv))
 
 
 def engine_request(config: dict) -> dict:
@@ -271,8 +281,10 @@ def train_params(config: dict, run: Run) -> dict:
 
 
 def resources(config: dict, run: Run) -> dict | None:
-    """How the run is laid out (the backend's; no part of its identity: settings.json carries it beside)."""
-    return backend(config).resources(config["grid"], run, method(config, run.method))
+    """How the run is laid out (its backend's GPU side's; None on CPU; no part of its identity: settings.json
+    carries it beside)."""
+    gpu = backend(config).gpu
+    return None if gpu is None else gpu.resources(config["grid"], run, method(config, run.method))
 
 
 def eval_params(config: dict) -> dict:

@@ -17,7 +17,7 @@ Throughput model (per GPU, bf16; the formulas in ``calibrl.cost``):
   mean context`` at ``gen_kv_efficiency`` of HBM bandwidth; tokens/s = 1 / (compute time + KV time).
   Prompt tokens are prefilled at ``train_mfu`` of peak (2 N FLOPs each). ``--assume gen_tokens_per_s.<hf_id>=X``
   replaces the formula for a model by a measured figure.
-* training (each GPU backend prices its runs, ``Backend.train_cost``; OpenRLHF's, ``backends/openrlhf/cost.py``,
+* training (each GPU backend prices its runs, ``GpuSide.train_cost``; OpenRLHF's, ``backends/openrlhf/cost.py``,
   with DeepSpeed): ``train_flops_per_param_token x N`` FLOPs per (prompt + response) token at
   ``train_mfu`` of peak on the actor GPUs (fwd + bwd 6N, activation recomputation 2N, the old-policy
   forward 2N, the reference forward 2N).
@@ -184,9 +184,9 @@ def _eval_gpus(config: dict) -> int:
 
 
 def train_row(config: dict, run: G.Run, a: dict, request: Request | None = None) -> Row:
-    """One training run, as its backend prices it (``Backend.train_cost``: its layout, its method's extra work);
-    ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job); packed onto nodes
-    with the ``request`` of rule train (:func:`fit`)."""
+    """One training run, as its backend's GPU side prices it (``GpuSide.train_cost``: its layout, its method's
+    extra work); ``jobs`` is its number of segments, ``wall_h`` the longest segment's hours (one SLURM job); packed
+    onto nodes with the ``request`` of rule train (:func:`fit`)."""
     grid = config["grid"]
     spec = G.method(config, run.method)
     memory = G.memory_of(grid, run.model) if spec.uses_dlc else None
@@ -201,7 +201,11 @@ def train_row(config: dict, run: G.Run, a: dict, request: Request | None = None)
         checkpoints=len(G.eval_steps(config)),
         retention=G.retention(config),
     )
-    c = G.backend(config).train_cost(run_plan, a)
+    gpu = G.backend(config).gpu
+    if gpu is None:
+        trainer = config["grid"]["trainer"]
+        raise ValueError(f"trainer {trainer} trains on this machine's CPUs: the cluster planner prices GPU backends")
+    c = gpu.train_cost(run_plan, a)
     row = Row("train", c.jobs, c.gpus, c.run_h, _gb(c.disk_bytes), c.note, c.run_h * c.gpus, c.segment_h)
     return _pack(row, a, c.nodes, c.gpus_per_node, request)
 

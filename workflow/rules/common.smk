@@ -29,6 +29,12 @@ def res(path):
 # ---- the RLVR grid: which runs the tables need, and what the trainer (calibrl.backends) needs for each
 GRID = config["grid"]
 BACKEND = G.backend(config)
+# A GPU backend's SLURM jobs run in its own venv (its GpuSide.venv under this checkout; scripts/cluster_env.sh build
+# <trainer> makes it) unless CALIBRL_GPU_VENV names another: the jobs get the variable (sbatch --export=ALL) and
+# slurm/config.yaml's precommand puts that venv's bin/ first on PATH.
+GPU_VENV = G.gpu_venv(config, workflow.basedir)
+if GPU_VENV:
+    os.environ.update(CALIBRL_GPU_VENV=GPU_VENV)
 RUNS = G.runs(config)
 EVAL_STEPS = G.eval_steps(config)
 # Data files under results/data/d{data seed}/: "train" plus the evaluation splits (synthetic, or Hub datasets).

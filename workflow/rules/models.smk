@@ -26,7 +26,7 @@ MODEL_INFOS = [res(f) for f in G.model_files(config)]
 
 # On a GPU backend: what the grid costs, printed by the Snakemake that plans it (a dry run included; never by the
 # jobs it submits), with a warning for each rule whose estimated job outruns its runtime in the profile.
-if BACKEND.on_gpus and workflow.is_main_process:
+if BACKEND.gpu is not None and workflow.is_main_process:
     from calibrl import plan as P
 
     _rows, _trains = P.plan(config)
@@ -36,6 +36,7 @@ if BACKEND.on_gpus and workflow.is_main_process:
         if isinstance(_runtime, (int, float)):
             _limits[_rule] = float(_runtime)
     _lines = [
+        f"SLURM jobs' venv: {GPU_VENV} (CALIBRL_GPU_VENV)",
         "calibrl plan (estimate; every run, each assumption with its source: calibrl plan --configfile ...):",
         P.render(_rows, _trains, brief=True),
         *P.check_runtimes(_rows, _limits),

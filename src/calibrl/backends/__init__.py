@@ -1,13 +1,16 @@
 """Trainers behind one protocol. A backend is a subpackage here whose ``BACKEND`` implements :class:`Backend`;
 its folder name is its ``grid.trainer`` value (the config schema's enum is read from :func:`names`).
 
-The workflow asks a backend what a run needs before any job (its input files, its segments, its SLURM request,
-the config keys it refuses, its layout's schema, the modules the local job server preloads for it), the cluster
-planner what a run costs (``train_cost``) and the preflight what its training nodes must pass beyond the common
-checks (``preflight_checks``) and which vLLM engine its training starts (``rollout_engine``). Its jobs hand it a
-run's ``settings.json`` (``calibrl.checkpoints.RunStamp``: the compiled method, the settings, the input files), the
-segment's end and the job's resources; ``calibrl.backends.jobs`` holds the jobs the rules call, and
-``calibrl.backends.vllm_plugin`` the vLLM plugin entry point that hands a run's vLLM processes to its backend.
+Every backend is a trainer core (:class:`Backend`): the workflow asks it what a run needs before any job (its input
+files, its segments, the config keys it refuses, the modules the local job server preloads for it), and its jobs hand
+it a run's ``settings.json`` (``calibrl.checkpoints.RunStamp``: the compiled method, the settings, the input files),
+the segment's end and the job's resources; ``calibrl.backends.jobs`` holds the jobs the rules call. A backend that
+trains on a GPU cluster adds its GPU side (``Backend.gpu``, a :class:`GpuSide`; None where it trains on this
+machine's CPUs): its SLURM request and layout (and the layout's schema), what a run costs for the cluster planner
+(``train_cost``), what its training nodes must pass beyond the preflight's common checks (``preflight_checks``),
+which vLLM engine its training starts (``rollout_engine``), what its vLLM processes need (``vllm_plugin``, through
+``calibrl.backends.vllm_plugin``, the vLLM plugin entry point), which evaluated checkpoints it removes
+(``release``), and the venv its SLURM jobs run in with the requirements that make it (``venv``, ``requirements``).
 What GPU backends share (DLC's vLLM model and memory trainer, Ray on SLURM, the reward's grading) is
 ``calibrl.gpu``. Adding a backend is a folder with a ``BACKEND`` (docs/architecture.md, "Adding things").
 """
@@ -35,13 +38,16 @@ class CheckFailed(RuntimeError):
 
 
 class Backend(Protocol):
+    """The trainer core, which every backend implements."""
+
     name: str
-    on_gpus: bool  # runs on a GPU cluster: the planner prices it, the preflight job checks its nodes
     extends_runs: bool  # a longer run resumes a shorter one's checkpoints (its length is no part of its identity)
     env: str  # the conda environment of its jobs (``--sdm conda``), relative to the workflow's rules
     ignored: dict[str, str]  # dotted keys under grid this backend never reads -> why (set, they are refused)
     preload: tuple[str, ...]  # modules its jobs import, which the local job server imports once (calibrl.jobserver)
-    layout: dict | None  # the JSON schema of grid.models.<name>.resources (its GPU layout); None: it has none
+    # Its GPU side, where it trains on a GPU cluster; None: it trains on this machine's CPUs (no layout, no SLURM GPU
+    # request, no preflight, not priced by the cluster planner, its checkpoints never released).
+    gpu: GpuSide | None
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         """(dotted key, what is wrong) for what this backend cannot run; ``grid`` has its defaults filled in."""
@@ -59,12 +65,6 @@ class Backend(Protocol):
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
         """The steps at which the run's training jobs end, the last one ``grid.train.steps``."""
 
-    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
-        """What one training job asks SLURM for beyond the profile's defaults (``nodes``, ``gres``)."""
-
-    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
-        """How the run is laid out on its hardware: carried by ``settings.json``, no part of its identity."""
-
     def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
         """Rule warmstart's job, where ``model_file`` names a model that a warm start makes (``params``:
         ``calibrl.grid.warmstart_params``); a backend whose models are downloads raises."""
@@ -72,6 +72,26 @@ class Backend(Protocol):
     def train(self, settings_path: str, stop_at: int, threads: int, workers: int) -> None:
         """Train the run of ``settings_path`` up to step ``stop_at``, resuming from its last checkpoint; called
         under the run's lock once its folder is claimed for these settings (``calibrl.backends.jobs``)."""
+
+    def metrics(self, run_dir: str, out_path: str) -> None:
+        """The run's per-step training metrics as JSON lines (``step`` and the scalars) into ``out_path``."""
+
+
+class GpuSide(Protocol):
+    """What a backend that trains on a GPU cluster adds to its core (``Backend.gpu``)."""
+
+    # The venv its SLURM jobs run in, relative to the repository root: the workflow exports it as CALIBRL_GPU_VENV
+    # unless that is set (slurm/config.yaml's precommand puts its bin/ first on PATH), and
+    # ``scripts/cluster_env.sh build <name>`` makes it from ``requirements``.
+    venv: str
+    requirements: str  # its pinned requirements file for that venv, relative to the repository root
+    layout: dict  # the JSON schema of grid.models.<name>.resources (its GPU layout): {"layout": ..., "overlay": ...}
+
+    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        """What one training job asks SLURM for beyond the profile's defaults (``nodes``, ``gres``)."""
+
+    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
+        """How the run is laid out on its hardware: carried by ``settings.json``, no part of its identity."""
 
     def rollout_engine(
         self, train: dict, spec: MethodSpec, layout: dict, model: str, memory: str | None
@@ -89,13 +109,11 @@ class Backend(Protocol):
 
     def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
         """What one run costs on its GPUs (``calibrl.cost``'s throughput model, assumptions ``a``), for the cluster
-        planner (``calibrl.plan``), which prices the backends that run on GPUs (``on_gpus``)."""
-
-    def metrics(self, run_dir: str, out_path: str) -> None:
-        """The run's per-step training metrics as JSON lines (``step`` and the scalars) into ``out_path``."""
+        planner (``calibrl.plan``)."""
 
     def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
-        """Remove an evaluated checkpoint where the backend's checkpoints are large (``grid.retention``)."""
+        """Remove an evaluated checkpoint where the backend's checkpoints are large (``grid.retention``); returns
+        whether it was removed."""
 
 
 @cache

@@ -50,15 +50,17 @@ def evaluate_job(
     retention: dict | None = None,
 ) -> None:
     """Rule evaluate's job (``calibrl.evaluate.evaluate_job``), with the run's backend removing each checkpoint once
-    evaluated where ``retention`` (``grid.retention``) says so."""
+    evaluated where ``retention`` (``grid.retention``) says so (its GPU side's ``release``; a backend without one
+    never removes any)."""
     from calibrl.evaluate import evaluate_job as evaluate
 
     release = None
-    if retention and retention["remove_evaluated"]:
-        backend = backends.get(RunStamp.read(settings_path).backend)
+    removes = retention and retention["remove_evaluated"]
+    gpu = backends.get(RunStamp.read(settings_path).backend).gpu if removes else None
+    if gpu is not None:
         keep = list(retention["keep_steps"])
 
         def release(policy: str, step: int) -> bool:
-            return backend.release(policy, step, keep)
+            return gpu.release(policy, step, keep)
 
     evaluate(params, settings_path, markers, split_paths, out_paths, steps, threads, workers, release=release)

@@ -4,13 +4,13 @@ Rule ``preflight`` runs one job per request shape of the grid's GPU jobs (a trai
 evaluator's one node with its engines' GPUs), on the GPU partition, in the jobs' own environment
 (``calibrl.offline``, the GPU venv), and every GPU job of that shape waits for it (workflow/rules/preflight.smk).
 It runs every check that the shape's jobs need (``checks``: the common ones of :data:`CHECKS` and, for training
-shapes, the backend's own, ``Backend.preflight_checks``), reports each as pass, fail or
+shapes, the backend's own, ``GpuSide.preflight_checks``), reports each as pass, fail or
 waived with what it saw, and fails the job, naming each cause and fix, if any check not in
 ``grid.preflight.waive`` failed; its output ``preflight/<shape>.json`` is written only when all passed.
 
 Its params (:func:`params`) are what those checks read, derived from the grid: the vLLM engines to start
 (:func:`engines`: the evaluator's for evaluation shapes; for training shapes the rollout engine each kind of run
-starts, as its backend describes it: ``Backend.rollout_engine``), the nodes and GPUs the Ray check spans, the
+starts, as its backend describes it: ``GpuSide.rollout_engine``), the nodes and GPUs the Ray check spans, the
 models, the results folder and the planner's disk estimate.
 """
 
@@ -49,7 +49,8 @@ NOT_RUN_WAIVED = ("canary",)  # a waived check still runs and is reported, excep
 
 def all_checks(trainer: str) -> dict:
     """:data:`CHECKS` with backend ``trainer``'s own training checks, in the order they run."""
-    own = {name: (check, {"train"}) for name, check in backends.get(trainer).preflight_checks().items()}
+    gpu = backends.get(trainer).gpu  # a CPU backend has no GPU jobs, hence no checks of its own
+    own = {name: (check, {"train"}) for name, check in (gpu.preflight_checks() if gpu else {}).items()}
     first = {k: v for k, v in own.items() if k not in BACKEND_LAST}
     out: dict = {}
     for name, entry in CHECKS.items():
@@ -130,19 +131,20 @@ def evaluator_engine(config: dict) -> dict:
 
 def training_engines(config: dict, shape: str) -> list[dict]:
     """The rollout engines of the training runs of ``shape``, started by the ``vllm`` check as their backend starts
-    them (``Backend.rollout_engine``, ``engine_probe``): one per kind (tensor-parallel size, sleep mode, DLC's
+    them (``GpuSide.rollout_engine``, ``engine_probe``): one per kind (tensor-parallel size, sleep mode, DLC's
     memory and mu), each on the smallest policy among the runs of that kind, with its run's layout. A plain kind is left
     out where a DLC kind of the same size and sleep mode is started: DLC's engine runs OpenRLHF's worker extension
     (``DLCWorkerWrap`` is a ``WorkerWrap``) and vLLM's Qwen3 as its policy stack, and more."""
+    gpu = G.backend(config).gpu
+    if gpu is None:  # a CPU backend's runs have no request, hence no shape
+        return []
     grid, train = config["grid"], config["grid"]["train"]
     kinds: dict[tuple, list[dict]] = {}  # (TP, sleep, DLC) -> the engine of every run of that kind
     for run, spec in G.run_specs(config):
         if shape_name(G.request(config, run)) != shape:
             continue
         memory = G.model_path(config, G.memory_of(grid, run.model)) if spec.uses_dlc else None
-        engine = G.backend(config).rollout_engine(
-            train, spec, G.resources(config, run), G.model_path(config, run.model), memory
-        )
+        engine = gpu.rollout_engine(train, spec, G.resources(config, run), G.model_path(config, run.model), memory)
         if engine is None:  # the backend starts no engine
             continue
         engine = {"role": "training", **engine, "runs_of": run.model}  # the keys in the order they always had

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrl.checkpoints import RunStamp
-from calibrl.cost import RunCost, RunPlan
 from calibrl.runs import Run, checkpoint_steps
 from calibrl.spec import MethodSpec
 
@@ -16,7 +15,6 @@ METRICS = Path("ckpt") / "metrics.jsonl"
 
 class LocalBackend:
     name = "local"
-    on_gpus = False
     # The trainer's first k steps do not depend on how many follow (constant learning rate, data order from the
     # seed), so a longer run resumes a shorter one's checkpoints.
     extends_runs = True
@@ -26,7 +24,7 @@ class LocalBackend:
         "models_dir": "tiny models are built here, never downloaded",
     }
     preload = ("calibrl.backends.local.trainer", "calibrl.backends.local.warmstart")
-    layout = None  # one process per run (the rule's threads): no GPU layout
+    gpu = None  # one process per run on this machine's CPUs (the rule's threads): no GPU side
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []
@@ -53,12 +51,6 @@ class LocalBackend:
         (extending ``steps`` trains and evaluates only the new checkpoints), and evaluates while the next trains."""
         steps = int(grid["train"]["steps"])
         return sorted({*checkpoint_steps(grid["train"]["eval_every"], steps), steps})
-
-    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
-        return {}
-
-    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict | None:
-        return None
 
     def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
         from calibrl.backends.local.warmstart import warmstart_job
@@ -89,25 +81,10 @@ class LocalBackend:
                 template=stamp.settings["template"],
             ).run()
 
-    def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict | None, model: str, memory: str | None):
-        return None  # it samples with calibrl.sampling in the training process
-
-    def preflight_checks(self) -> dict:
-        return {}  # no GPU job, hence no preflight
-
-    def vllm_plugin(self, stamp: RunStamp) -> None:
-        """Nothing: its runs start no vLLM engine."""
-
-    def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
-        raise ValueError("trainer local trains tiny models on CPU: the cluster planner prices GPU backends")
-
     def metrics(self, run_dir: str, out_path: str) -> None:
         from calibrl.io import write_text
 
         write_text(out_path, (Path(run_dir) / METRICS).read_text(encoding="utf-8"))
-
-    def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
-        return False  # small, and resumed from
 
 
 BACKEND = LocalBackend()

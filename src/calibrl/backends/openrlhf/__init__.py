@@ -8,8 +8,10 @@ settings.json (``command``), starts Ray with one setup hook (``hook``) that inst
 needs (``decay_scope``) and those the run's method names (``iac``; ``loss_norm``: Dr. GRPO's normaliser; ``dlc``),
 each naming the pinned symbols it wraps, with their parameters (``calibrl.gpu.patching``), runs
 ``openrlhf.cli.train_ppo_ray`` and writes a marker per saved checkpoint.
-``reward`` is the custom reward file, ``layout`` the GPU layout of a run (``layout.schema.yaml`` its keys),
-``preflight`` its own preflight checks, ``cost`` its price, ``metrics`` its TensorBoard scalars. DLC uses the
+``gpu`` is its GPU side (``OpenRLHFBackend.gpu``: its jobs' venv, a run's layout and SLURM request, its rollout
+engine, preflight checks, price and checkpoint removal), ``reward`` the custom reward file, ``layout`` the GPU layout
+of a run (``layout.schema.yaml`` its keys), ``preflight`` its own preflight checks, ``cost`` its price, ``metrics``
+its TensorBoard scalars. DLC uses the
 shared composite vLLM model (``calibrl.gpu.vllm_dlc``) and memory trainer (``calibrl.gpu.memory_actor``), whose
 weights reach OpenRLHF's engines through ``memory_sync``.
 
@@ -22,27 +24,23 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from calibrl.backends.openrlhf import layout as L
 from calibrl.backends.openrlhf.command import ESTIMATORS
+from calibrl.backends.openrlhf.gpu import OpenRLHFGpu
 from calibrl.checkpoints import RunStamp
-from calibrl.cost import RunCost, RunPlan
 from calibrl.gpu import RAY_CLUSTER
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
 log = logging.getLogger("calibrl.openrlhf")
-_STEP_DIR = re.compile(r"global_step(\d+)_hf")
 
 
 class OpenRLHFBackend:
     name = "openrlhf"
-    on_gpus = True
     extends_runs = False  # OpenRLHF sizes its prompt stream from the run's length: another length is another run
     env = "../../envs/cluster-train.yaml"
     ignored = {
@@ -50,7 +48,7 @@ class OpenRLHFBackend:
         "train.dapo_max_gen_batches": "OpenRLHF's dynamic sampling refills a batch until the data run out",
     }
     preload = ()  # its jobs run under SLURM in their own environment, never in the local job server
-    layout = L.SCHEMA  # grid.models.<name>.resources: layout.schema.yaml beside it
+    gpu = OpenRLHFGpu()  # its venv, layout, SLURM request, rollout engine, preflight, price, checkpoint removal
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
         out = []
@@ -105,19 +103,13 @@ class OpenRLHFBackend:
             out["success"] = f"models/{run.model}/train_success.json"
         return out
 
-    def resources(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
-        return L.effective(grid["models"][run.model]["resources"], spec.uses_dlc)
-
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
         """Every ``segment_steps`` of the run's layout (a multiple of ``eval_every``; unset: one job) and ``steps``:
         each segment is one SLURM job resuming from the previous one's checkpoint, so a run longer than a SLURM time
         limit still finishes."""
         steps = int(grid["train"]["steps"])
-        every = int(self.resources(grid, run, spec).get("segment_steps") or steps)
+        every = int(self.gpu.resources(grid, run, spec).get("segment_steps") or steps)
         return sorted({*range(every, steps, every), steps})
-
-    def request(self, grid: dict, run: Run, spec: MethodSpec) -> dict:
-        return L.slurm_request(self.resources(grid, run, spec))
 
     def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
         raise NotImplementedError("trainer openrlhf starts from Hub models (rule download_model): no warm start")
@@ -148,66 +140,10 @@ class OpenRLHFBackend:
         log.info("launching: %s", " ".join(argv))
         subprocess.run(argv, check=True, env=env)
 
-    def rollout_engine(self, train: dict, spec: MethodSpec, layout: dict, model: str, memory: str | None) -> dict:
-        """OpenRLHF's vLLM rollout engine for a run of this layout (``create_vllm_engines``' arguments)."""
-        from calibrl.backends.openrlhf import dlc as dlc_patch  # its patch_engines names DLCWorkerWrap so
-
-        res = L.run_roles(layout, spec)["resources"]
-        dlc = {"memory": memory, "mu": float(spec.dlc_mu)} if spec.uses_dlc else None
-        wrap = f"{dlc_patch.__name__}.DLCWorkerWrap" if dlc else "openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap"
-        return {
-            "model": model,
-            "tensor_parallel_size": int(res["vllm_tensor_parallel_size"]),
-            "sleep": bool(res["colocate_all"]),  # --vllm.enable_sleep, given with --train.colocate_all (command.py)
-            "gpu_memory_utilization": float(res["vllm_gpu_memory_utilization"]),
-            "prefix_caching": bool(res["prefix_caching"]),
-            "enforce_eager": "--vllm.enforce_eager" in [str(a) for a in res["extra_args"]],  # OpenRLHF's default
-            "max_model_len": int(train["max_prompt_len"]) + int(train["max_new_tokens"]),  # --data.max_len
-            "dtype": "bfloat16",  # create_vllm_engines' own
-            "worker_extension": wrap,  # dlc.patch_engines sets DLC's
-            # train_ppo_ray: processed logprobs where an importance correction is on (command.py: DLC, truncated)
-            "logprobs_mode": "processed_logprobs" if spec.dlc_importance == "truncated" else None,
-            "dlc": dlc,
-        }
-
-    def preflight_checks(self) -> dict:
-        """Its model code with flash-attn's kernel, DeepSpeed's optimizer with calibrl's kernel, and the training
-        canary: each kind of run of the shape trains 2 steps, saves and resumes (``canary``)."""
-        from calibrl.backends.openrlhf import canary, preflight
-
-        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer, "canary": canary.check}
-
-    def vllm_plugin(self, stamp: RunStamp) -> None:
-        """A CPU rehearsal's vLLM-side stand-ins (``cpu_standins``); on a cluster, nothing."""
-        from calibrl.backends.openrlhf import cpu_standins
-
-        cpu_standins.vllm_plugin(stamp)
-
-    def train_cost(self, plan: RunPlan, a: dict) -> RunCost:
-        from calibrl.backends.openrlhf.cost import train_cost
-
-        return train_cost(plan, a)
-
     def metrics(self, run_dir: str, out_path: str) -> None:
         from calibrl.backends.openrlhf.metrics import tensorboard_metrics
 
         tensorboard_metrics(Path(run_dir).resolve() / "tensorboard", out_path)
-
-    def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
-        """Remove an evaluated Hugging Face checkpoint (``global_step{k}_hf``) unless it is the newest of its run or
-        ``keep_steps`` names it (``grid.retention``). Its marker stays: training counts the step as done, and an
-        evaluation that needs it again says that it was removed. Returns whether it was removed."""
-        path = Path(policy_dir)
-        m = _STEP_DIR.fullmatch(path.name)
-        if not m or not path.is_dir():
-            return False
-        newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
-        if step in keep_steps or step >= newest:
-            return False
-        shutil.rmtree(path)
-        log.info("removed the evaluated checkpoint of step %d (%s); grid.retention keeps %s and the newest",
-                 step, path, keep_steps)  # fmt: skip
-        return True
 
 
 BACKEND = OpenRLHFBackend()

@@ -1,4 +1,4 @@
-"""What one OpenRLHF run costs, for the cluster planner (``Backend.train_cost``; the throughput model is
+"""What one OpenRLHF run costs, for the cluster planner (``GpuSide.train_cost``; the throughput model is
 ``calibrl.cost``'s).
 
 A step is generation of ``prompts_per_step x group_size`` responses on the engine GPUs (DLC: both stacks; DAPO:

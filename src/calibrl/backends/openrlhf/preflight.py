@@ -1,4 +1,4 @@
-"""OpenRLHF's own preflight checks (``OpenRLHFBackend.preflight_checks``), run on its training nodes beside the
+"""OpenRLHF's own preflight checks (``OpenRLHFGpu.preflight_checks``), run on its training nodes beside the
 preflight's common ones (``calibrl.preflight``): its model code with flash-attn's kernel, and DeepSpeed's optimizer
 with calibrl's fused-Adam kernel. Each returns what it saw or raises ``CheckFailed`` with the cause and the fix."""
 
