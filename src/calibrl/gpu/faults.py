@@ -1,0 +1,58 @@
+"""Faults a CPU rehearsal injects into a training job, at a named point, once: what a preemption or a node failure
+does to a job, made deterministic so a test can rerun the job and check that it resumes. Shared by the GPU backends,
+each of which fires them at its own points (OpenRLHF's ``rehearsal_faults``, verl's ``trainer``).
+
+``CALIBRL_REHEARSAL_FAULTS`` lists ``<run>:<kind>:<step>`` entries (comma-separated; ``<run>`` as
+``calibrl.runs.Run.path``, e.g. ``tiny-policy/grpo/s0``). Kinds (:data:`KINDS`):
+
+* ``mid_step``: inside global step ``<step>``, after its rollout and before its policy update;
+* ``before_hf``: after the trainer saved its resume state of step ``<step>`` and before the Hugging Face copy that
+  evaluation reads is in place.
+
+:func:`fire` kills the job's driver (the backend's launcher, ``CALIBRL_DRIVER_PID``; SIGKILL): ``ray_cluster.sh``
+then stops Ray and the job fails, as a killed job does, and SLURM and Snakemake's retry run the same command again.
+Each fault fires once: a marker in ``<run>/rehearsal_faults/`` records that it has. Backends inject them only into a
+rehearsal's runs and refuse the variable anywhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+log = logging.getLogger("calibrl.gpu.faults")
+
+ENV = "CALIBRL_REHEARSAL_FAULTS"
+DRIVER_ENV = "CALIBRL_DRIVER_PID"
+KINDS = ("mid_step", "before_hf")
+
+
+def parse(value: str, run: str) -> dict[str, int]:
+    """``kind -> step`` of the faults ``value`` names for ``run``; a malformed entry raises naming it."""
+    out = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        path, _, rest = entry.rpartition(":")
+        where, _, kind = path.rpartition(":")
+        if kind not in KINDS or not rest.isdigit() or not where:
+            raise ValueError(f"{ENV}: {entry!r} is not <run>:<{'|'.join(KINDS)}>:<step>")
+        if where == run:
+            out[kind] = int(rest)
+    return out
+
+
+def fire(marks: str | Path, name: str) -> None:
+    """Kill the job's driver unless fault ``name`` has fired before (its marker in ``marks``); then wait to go with
+    the job's Ray cluster."""
+    marks = Path(marks)
+    mark = marks / name
+    if mark.exists():
+        return
+    marks.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"{time.time()}\n")
+    pid = int(os.environ[DRIVER_ENV])
+    log.warning("rehearsal fault %s: killing the job's driver (pid %d)", name, pid)  # may not reach the log: the
+    os.kill(pid, signal.SIGKILL)  # driver forwards it; the marker is the record
+    time.sleep(3600)
