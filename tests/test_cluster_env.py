@@ -33,14 +33,14 @@ def requirement_lines(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def run_check(tmp_path: Path, requirements: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+def run_check(tmp_path: Path, requirements: Path | None = None, trainer: str = "openrlhf"):
     uv = CLUSTER_VENV / "bin" / "uv"
     if not uv.exists():
         pytest.fail(f"no uv at {uv}: run `make .venv-cluster/.installed` (make test builds it)")
     env = {**os.environ, "UV": str(uv), "CHECK_OUT": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
     if requirements is not None:
         env["CALIBRL_GPU_REQUIREMENTS"] = str(requirements)
-    proc = subprocess.run(["bash", str(SCRIPT), "check"], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", str(SCRIPT), "check", trainer], env=env, capture_output=True, text=True, timeout=300)
     if "cannot download" in proc.stderr or "Failed to fetch" in proc.stderr:
         pytest.fail(f"the resolution check needs the network to PyPI, which failed:\n{proc.stderr[-3000:]}")
     return proc, tmp_path / "cluster-gpu.lock.txt"
@@ -67,6 +67,18 @@ def test_pinned_gpu_stack_resolves_with_this_package(tmp_path):
     assert "nvidia-cuda-runtime" in got or "nvidia-cuda-runtime-cu12" in got  # PyPI's torch: the CUDA build
     assert "flash-attn" not in got and "snakemake-executor-plugin-slurm-jobstep" in got
     assert "snakemake-executor-plugin-slurm" not in got  # the submitting plugin stays on the login node
+
+
+def test_verls_pinned_stack_resolves_with_this_package(tmp_path):
+    """verl's own venv (scripts/cluster_env.sh check verl): verl 0.9.1 with its own requirements, which cap
+    transformers below 5.11, beside the cluster's torch and vLLM (the evaluator's and DLC's composite model's)."""
+    proc, lock = run_check(tmp_path, trainer="verl")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = pins(lock)
+    want = {"torch": "2.13.0", "vllm": "0.29.0", "verl": "0.9.1", "transformers": "5.10.4", "ray": "2.55.0"}
+    assert {k: got.get(k) for k in want} == want
+    assert "openrlhf" not in got and "deepspeed" not in got  # OpenRLHF's stack stays in its venv
+    assert Path(got["calibrl"].removeprefix("file://")) == REPO and "snakemake-executor-plugin-slurm-jobstep" in got
 
 
 def test_check_refuses_a_set_that_cannot_resolve(tmp_path):
@@ -173,6 +185,38 @@ def test_an_explicit_python_is_the_only_one_tried(tmp_path):
     chosen = run_script(SCRIPT, "python", env=no_python_env(bin_dir, tmp_path, PYTHON="old", CALIBRL_PYTHON=REAL_NAME))
     assert chosen.returncode == 0 and chosen.stdout.split()[0] == str(bin_dir / REAL_NAME), chosen.stderr
     assert "(CALIBRL_PYTHON)" in chosen.stderr
+
+
+@pytest.mark.skipif(sys.version_info[:2] not in ((3, 11), (3, 12)), reason="needs this CPython to be 3.11 or 3.12")
+def test_the_venv_and_requirements_are_the_trainers(tmp_path):
+    """build, check and env take a trainer (openrlhf where none is given): its GPU side's venv and requirements,
+    read from its folder by a Python without the package's requirements; CALIBRL_GPU_VENV and
+    CALIBRL_GPU_REQUIREMENTS replace them; a trainer without a GPU side, or none of that name, is refused."""
+    from calibrl import backends
+
+    bin_dir = tools_without_python(tmp_path, **{REAL_NAME: REAL_PYTHON})
+    env = no_python_env(bin_dir, tmp_path)
+    env.pop("CALIBRL_GPU_REQUIREMENTS", None)
+
+    def paths(*args: str, **extra: str) -> dict[str, str]:
+        proc = run_script(SCRIPT, "env", *args, env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr
+        return dict(line.split("=", 1) for line in proc.stdout.splitlines())
+
+    for name in backends.names():
+        gpu = backends.get(name).gpu
+        if gpu is None:
+            refused = run_script(SCRIPT, "env", name, env=env)
+            assert refused.returncode == 1 and f"trainer {name} has no GPU side" in refused.stderr, refused.stderr
+            continue
+        want = {"venv": str(REPO / gpu.venv), "requirements": str(REPO / gpu.requirements)}
+        assert paths(name) == want, name
+    assert paths() == paths("openrlhf") == {"venv": str(REPO / ".venv-gpu"), "requirements": str(REQUIREMENTS)}
+    assert paths(CALIBRL_GPU_VENV="/site/venv")["venv"] == "/site/venv"
+    assert paths(CALIBRL_GPU_REQUIREMENTS="/site/reqs.txt")["requirements"] == "/site/reqs.txt"
+    unknown = run_script(SCRIPT, "build", "nonesuch", env={**env, "CALIBRL_GPU_VENV": str(tmp_path / "venv")})
+    assert unknown.returncode == 1 and "unknown trainer 'nonesuch'" in unknown.stderr, unknown.stderr
+    assert not (tmp_path / "venv").exists()
 
 
 def test_build_refuses_a_venv_made_with_an_old_python(tmp_path):
