@@ -109,7 +109,7 @@ def test_a_training_engine_that_cannot_start_is_named():
         pytest.skip("vLLM is installed here")
     (engine,) = PF.params(PAPER, "n2-gpu8")["engines"]
     err = failed(C.vllm_engine, {"engines": [{**engine, "tensor_parallel_size": 1}], "gpus_per_node": 8})
-    assert "could not start the training engine the way OpenRLHF does" in err.cause
+    assert "could not start the training engine the way its trainer does" in err.cause
     assert "No module named 'vllm'" in err.cause and "the job's log" in err.fix
 
 

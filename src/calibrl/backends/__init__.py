@@ -97,7 +97,9 @@ class GpuSide(Protocol):
         self, train: dict, spec: MethodSpec, layout: dict, model: str, memory: str | None
     ) -> dict | None:
         """The vLLM engine a run's training starts (``grid.train``, its compiled method and layout, its model's
-        folder and DLC's memory's), as the preflight's ``vllm`` check starts it; None where it starts none."""
+        folder and DLC's memory's), as the preflight's ``vllm`` check starts it; None where it starts none. An
+        ``env`` key, where present, holds variables the engine's processes start with (as the backend's launcher
+        gives them: a CPU rehearsal's platform)."""
 
     def preflight_checks(self) -> dict[str, Callable[[dict], str]]:
         """The checks its training nodes need beyond the preflight's common ones (``calibrl.preflight``), by name:

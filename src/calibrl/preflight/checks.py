@@ -124,7 +124,7 @@ def compiler(p: dict) -> str:
 def vllm_engine(p: dict) -> str:
     """Every engine of ``p["engines"]`` (``calibrl.preflight.engines``) starts and samples: the evaluator's as the
     evaluation jobs start it (top-p and top-k: the sampler path that would need a compiler with FlashInfer), and
-    each training kind as OpenRLHF starts its rollout engines (``engine_probe``: the worker extension, sleep mode
+    each training kind as its backend starts its rollout engines (``engine_probe``: the worker extension, sleep mode
     with a sleep / wake-up cycle, the run's tensor-parallel size, DLC's composite model)."""
     try:
         plugins.check()  # an install older than the entry points fails every engine process
@@ -162,9 +162,9 @@ def _training_engine(e: dict, p: dict) -> str:
     run vLLM's Ray executor, which joins the cluster in ``RAY_ADDRESS``)."""
     from calibrl.preflight.engine_probe import MARK
 
-    spec = {k: v for k, v in e.items() if k not in ("role", "runs_of")}
+    spec = {k: v for k, v in e.items() if k not in ("role", "runs_of", "env")}
     argv = [sys.executable, "-m", "calibrl.preflight.engine_probe", json.dumps(spec)]
-    env = dict(os.environ)
+    env = {**os.environ, **(e.get("env") or {})}  # what the backend's launcher gives its engines' processes
     if int(e["tensor_parallel_size"]) > 1:
         argv = ["bash", str(RAY_CLUSTER), *argv]
         env["RAY_GPUS_PER_NODE"] = str(p["gpus_per_node"])
@@ -179,7 +179,7 @@ def _training_engine(e: dict, p: dict) -> str:
     if said and "cause" in said[-1]:
         raise Failed(said[-1]["cause"], said[-1]["fix"])
     tail = _error_tail(out.stdout + "\n" + out.stderr)
-    raise Failed(f"vLLM could not start the training engine the way OpenRLHF does:\n{tail}", _vllm_fix())
+    raise Failed(f"vLLM could not start the training engine the way its trainer does:\n{tail}", _vllm_fix())
 
 
 def _vllm_fix() -> str:

@@ -42,6 +42,13 @@ _STEP_DIR = re.compile(r"global_step(\d+)_hf")
 HERE = Path(__file__).parent
 
 
+def cpu_platform_env() -> dict[str, str]:
+    """What a CPU rehearsal's engine processes outside a run need to import verl (``cpu_external``)."""
+    from calibrl.backends.verl import cpu_platform
+
+    return {**cpu_platform.ENV, "VERL_USE_EXTERNAL_MODULES": "calibrl.backends.verl.cpu_external"}
+
+
 class VerlGpu:
     """verl's GPU side: its layout, SLURM request, engines, preflight, price, checkpoint release and environment."""
 
@@ -72,6 +79,8 @@ class VerlGpu:
             else "verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
             "logprobs_mode": None,
             "dlc": dlc,
+            # the worker extension imports verl in the engine's processes; on a CPU rehearsal verl needs its platform
+            "env": cpu_platform_env() if layout.get("cpu_rehearsal") else {},
         }
 
     def preflight_checks(self) -> dict:
