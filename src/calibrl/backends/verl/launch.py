@@ -91,6 +91,10 @@ def run_env(stamp: RunStamp, settings_path: Path, ckpt: Path) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p),
         "VERL_FILE_LOGGER_PATH": str(ckpt / METRICS / f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.jsonl"),
         "TRANSFER_QUEUE_ENABLE": "1",  # main_ppo sets it where it starts Ray itself
+        # SLURM sets ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES for a GPU gres (unless gres.conf's Flags say
+        # nvidia_gpu_env only), the Ray nodes' srun steps pass it to every actor, and verl's workers refuse both
+        # (single_controller/base/worker.py, _setup_env_cuda_visible_devices): empty, it is unset to verl and CUDA
+        "ROCR_VISIBLE_DEVICES": "",
     }
     for name in ("CALIBRL_REWARD_WORKERS", "CALIBRL_REWARD_TIMEOUT", "HF_HOME", "VLLM_CPU_KVCACHE_SPACE",
                  *offline.ENV):  # fmt: skip
