@@ -151,7 +151,8 @@ def filled(name_or_config, check: bool = True) -> dict:
     cfg = copy.deepcopy(cfg)
     if check:
         return C.validate(cfg)
-    schema = C.schema()
+    grid = cfg.get("grid") if isinstance(cfg, dict) else None
+    schema = C.schema(trainer=grid.get("trainer") if isinstance(grid, dict) else None)  # its backend's layout
     return C.fill_defaults(cfg, schema, schema)
 
 

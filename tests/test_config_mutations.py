@@ -259,7 +259,7 @@ def combos(name):
         ("filtering all", set_(("grid", "methods", "grpo", "filter_easiest"), 1.0), "grid.methods.grpo.filter_easiest"),
         ("unknown estimator", set_(("grid", "methods", "grpo", "estimator"), "ppo"), "grid.methods.grpo.estimator"),
         ("unknown loss", set_(("grid", "methods", "grpo", "loss_agg"), "sum"), "grid.methods.grpo.loss_agg"),
-        ("unknown trainer", set_(("grid", "trainer"), "verl"), "grid.trainer"),
+        ("unknown trainer", set_(("grid", "trainer"), "megatron"), "grid.trainer"),
         ("unknown evaluator", set_(("grid", "evaluator"), "sglang"), "grid.evaluator"),
         ("zero steps", set_(("grid", "train", "steps"), 0), "grid.train.steps"),
         ("group of one", set_(("grid", "train", "group_size"), 1), "grid.train.group_size"),

@@ -90,6 +90,9 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     (work / "rehearsal.yaml").write_text(yaml.safe_dump(rehearsed(), sort_keys=False))
     spec = ",".join(f"{FAULTED}:{kind}:{step}" for kind, step in FAULTS if FAULTED.split("/")[1] in METHODS)
     targets = [f"{RESULTS}/aggregate.json", f"{RESULTS}/grid_mlflow.json"]
+    if not CHOSEN:  # CI: the DLC run, its evaluations and metrics (OpenRLHF's subset runs the tables and MLflow)
+        targets = [f"{RESULTS}/runs/{FAULTED}/{name}" for name in ("eval/step_2.json", "eval/step_4.json",
+                                                                   "metrics.jsonl")]  # fmt: skip
     cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
     proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, spec))
@@ -176,6 +179,8 @@ def test_every_checkpoint_is_evaluated_and_reaches_the_tables_and_mlflow(rehears
         for step in (2, 4):
             ev = json.loads((res / "runs" / MODEL / method / "s0" / "eval" / f"step_{step}.json").read_text())
             assert set(ev["splits"]) >= set(CONFIG["grid"]["data"]["eval_splits"]), ev.keys()
+    if not CHOSEN:
+        return  # CI's subset stops at the evaluations
     for table in ("table2", "table3", "table4", "table5"):
         assert (res / "tables" / f"{table}.csv").is_file()
     runs = json.loads((res / "grid_mlflow.json").read_text())
