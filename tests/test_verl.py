@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,20 +156,29 @@ def test_evaluated_copies_are_kept_outside_verls_rotation_and_others_removed(tmp
     assert trainer.keep_hf(ckpt, 2, {2, 4}) == target  # idempotent
 
 
-def test_repair_moves_only_completed_saves_and_markers_follow(tmp_path):
-    """A job killed between verl's save and the move leaves the copy in verl's folder: the next attempt moves it if
-    verl's tracker says the save completed; an unfinished save's copy stays (verl saves that step again)."""
+def test_repair_rewinds_a_save_without_its_copy_and_markers_follow(tmp_path):
+    """A job killed between verl's save of an evaluated step and the move of its Hugging Face copy (before the step's
+    metrics were logged): the next attempt discards that state and rewinds verl's tracker to the one before, which it
+    trains from again; a save beyond the tracker (unfinished) is left to verl, which saves that step again."""
     run = tmp_path / "run"
     ckpt = run / "ckpt" / "verl"
-    _saved(ckpt, 2)
-    _saved(ckpt, 4)
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
-    settings = {"train": {"eval_every": 2, "steps": 4}}
-    stamp = RunStamp.build({**settings}, {})
+    stamp = RunStamp.build({"train": {"eval_every": 2, "steps": 6}}, {})
+    for step in (2, 4, 6):
+        _saved(ckpt, step)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
     launch.repair(ckpt, stamp)
-    assert (ckpt / "hf" / "global_step2_hf").is_dir() and not (ckpt / "hf" / "global_step4_hf").exists()
-    assert launch.write_markers(ckpt, run / "ckpt", 2, 4) == [2]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2" and not (ckpt / "global_step_4").exists()
+    assert (ckpt / "hf" / "global_step2_hf").is_dir() and (ckpt / "global_step_6").is_dir()
+    assert launch.write_markers(ckpt, run / "ckpt", 2, 6) == [2]
     assert json.loads((run / "ckpt" / "step_2.done").read_text())["step"] == 2
+    launch.repair(ckpt, stamp)  # idempotent
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
+    shutil.rmtree(ckpt / "global_step_2")
+    _saved(ckpt, 2)
+    (ckpt / "hf" / "global_step2_hf").rename(tmp_path / "gone")
+    launch.repair(ckpt, stamp)  # the first save itself without its copy: from scratch
+    assert not (ckpt / "latest_checkpointed_iteration.txt").exists()
 
 
 def test_metrics_take_each_step_from_its_last_launch(tmp_path):

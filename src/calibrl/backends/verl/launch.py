@@ -4,8 +4,8 @@
 
 1. builds verl's Hydra overrides from it (``command.build_overrides``, the prompt file the job prepared beside it)
    and composes verl's config from them (``command.check_overrides``) before Ray starts;
-2. finishes what a previous attempt killed between verl's save and the Hugging Face copy's move left
-   (``trainer.keep_hf``), writes the markers of the checkpoints there are, and stops if ``STOP_AT`` is saved already;
+2. repairs what a killed attempt left (:func:`repair`), writes the markers of the checkpoints there are, and stops
+   if ``STOP_AT`` is saved already;
 3. joins the job's Ray cluster (``RAY_ADDRESS``, exported by ``ray_cluster.sh``) with the run's variables in every
    worker's environment (:func:`runtime_env`: the external module, the settings, the grading pool, verl's own);
    ``main_ppo`` calls ``ray.init`` only where Ray is not initialised, so this runtime environment is every actor's;
@@ -21,6 +21,7 @@ import os
 import re
 import runpy
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -43,20 +44,38 @@ _HF_DIR = re.compile(r"global_step(\d+)_hf")
 _STATE_DIR = re.compile(r"global_step_(\d+)")
 
 
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
 def saved_step(ckpt: Path) -> int:
     """The last step whose resume state verl completed (its tracker, written after the save), 0 if none."""
-    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    tracker = ckpt / TRACKER
     return int(tracker.read_text().strip()) if tracker.is_file() else 0
 
 
 def repair(ckpt: Path, stamp: RunStamp) -> None:
-    """Move the Hugging Face copies of completed saves that a killed attempt left in verl's folders (the job died
-    between verl's save and the move); those of an unfinished save stay with it (verl saves that step again)."""
-    last = saved_step(ckpt)
-    for path in sorted(ckpt.glob("global_step_*")) if ckpt.is_dir() else []:
-        m = _STATE_DIR.fullmatch(path.name)
-        if m and int(m[1]) <= last:
-            keep_hf(ckpt, int(m[1]), evaluated_steps(stamp))
+    """What a killed attempt left. An evaluated step whose state verl saved but whose Hugging Face copy the trainer had
+    not yet moved (the job died between the two, before the step's metrics were logged) is discarded and verl's
+    tracker rewound to the state before it, which the retry trains from again, as OpenRLHF's repair discards a
+    DeepSpeed tag without its copy; other completed saves' copies are moved or removed (``trainer.keep_hf``)."""
+    from calibrl.backends.verl.trainer import hf_target
+
+    last, evaluated = saved_step(ckpt), evaluated_steps(stamp)
+    states = sorted(int(m[1]) for p in ckpt.glob("global_step_*") if (m := _STATE_DIR.fullmatch(p.name)))
+    if last and last in evaluated and not hf_target(ckpt, last).is_dir():
+        earlier = [k for k in states if k < last]
+        shutil.rmtree(ckpt / f"global_step_{last}")
+        tracker = ckpt / TRACKER
+        if earlier:
+            tracker.write_text(str(earlier[-1]))
+        else:
+            tracker.unlink()
+        log.warning("step %d was saved without its Hugging Face copy (a killed job): discarded; verl resumes from %s",
+                    last, f"step {earlier[-1]}" if earlier else "scratch")  # fmt: skip
+        last = earlier[-1] if earlier else 0
+    for step in states:
+        if step <= last:
+            keep_hf(ckpt, step, evaluated)
 
 
 def write_markers(ckpt: Path, marker_dir: Path, eval_every: int, steps: int) -> list[int]:
