@@ -137,6 +137,15 @@ DEEPSCALER = (
 )
 
 
+def train_logs(work: Path) -> dict[str, list[str]]:
+    """The SLURM logs of rule train in a rehearsal's work folder, per run (``<model>_<method>_<seed>``), in submission
+    order (tests/test_rehearsal.py, tests/test_rehearsal_verl.py)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for log in (work / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"):
+        out.setdefault(log.parent.name.rsplit("_", 1)[0], []).append((int(log.stem), log.read_text(errors="replace")))
+    return {k: [text for _, text in sorted(v)] for k, v in out.items()}
+
+
 def train_rows() -> list[dict]:
     """DeepScaleR's short rows whose answer is 1 or 2."""
     rows = [r for path in DEEPSCALER for r in _shared(path)]

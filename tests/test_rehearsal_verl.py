@@ -99,13 +99,6 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     return work, proc
 
 
-def _train_logs(work: Path) -> dict[str, list[str]]:
-    out: dict[str, list[tuple[int, str]]] = {}
-    for log in (work / ".snakemake" / "slurm_logs" / "rule_train").glob("**/*.log"):
-        out.setdefault(log.parent.name.rsplit("_", 1)[0], []).append((int(log.stem), log.read_text(errors="replace")))
-    return {k: [text for _, text in sorted(v)] for k, v in out.items()}
-
-
 def _metrics(work: Path, method: str) -> list[dict]:
     path = work / RESULTS / "runs" / MODEL / method / "s0" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -114,7 +107,7 @@ def _metrics(work: Path, method: str) -> list[dict]:
 def test_every_method_trains_two_segments_through_verls_main_ppo(rehearsal):
     work, proc = rehearsal
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
-    logs = _train_logs(work)
+    logs = rehearsal_setup.train_logs(work)
     assert sorted(logs) == sorted(f"{MODEL}_{m}_0" for m in METHODS), sorted(logs)
     for method in METHODS:
         run_dir = work / RESULTS / "runs" / MODEL / method / "s0"
@@ -144,7 +137,7 @@ def test_killed_jobs_resume_to_the_same_final_step(rehearsal):
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
     run_dir = work / RESULTS / "runs" / FAULTED
-    texts = _train_logs(work)[FAULTED.replace("/", "_").replace("_s0", "_0")]
+    texts = rehearsal_setup.train_logs(work)[FAULTED.replace("/", "_").replace("_s0", "_0")]
     *killed, retry = texts[1:]
     assert len(killed) == len(FAULTS), len(killed)
     for kind, step in FAULTS:
@@ -169,7 +162,7 @@ def test_dlc_memory_learns_reaches_the_engines_and_passes_the_divergence_check(r
     assert len(loss) == 4 and all(x == x for x in loss), loss
     checked = [m for m in metrics if "dlc/check_mean_abs" in m]
     assert checked and all(m["dlc/check_mean_abs"] <= dlc.CHECK_TOLERANCE for m in checked), checked
-    logs = "\n".join(_train_logs(work)[f"{MODEL}_dapo_iac_dlc_0"])
+    logs = "\n".join(rehearsal_setup.train_logs(work)[f"{MODEL}_dapo_iac_dlc_0"])
     assert "DLCQwen3ForCausalLM" in logs  # the replicas sample from the composite
 
 

@@ -6,18 +6,15 @@ engine, its preflight checks (``preflight``, ``canary``), the vLLM-side stand-in
 from __future__ import annotations
 
 import logging
-import re
-import shutil
-from pathlib import Path
 
 from calibrl.backends.openrlhf import layout as L
 from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
+from calibrl.gpu.retention import release_hf
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
 log = logging.getLogger("calibrl.openrlhf")
-_STEP_DIR = re.compile(r"global_step(\d+)_hf")
 
 
 class OpenRLHFGpu:
@@ -72,17 +69,4 @@ class OpenRLHFGpu:
         return train_cost(plan, a)
 
     def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
-        """Remove an evaluated Hugging Face checkpoint (``global_step{k}_hf``) unless it is the newest of its run or
-        ``keep_steps`` names it (``grid.retention``). Its marker stays: training counts the step as done, and an
-        evaluation that needs it again says that it was removed. Returns whether it was removed."""
-        path = Path(policy_dir)
-        m = _STEP_DIR.fullmatch(path.name)
-        if not m or not path.is_dir():
-            return False
-        newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
-        if step in keep_steps or step >= newest:
-            return False
-        shutil.rmtree(path)
-        log.info("removed the evaluated checkpoint of step %d (%s); grid.retention keeps %s and the newest",
-                 step, path, keep_steps)  # fmt: skip
-        return True
+        return release_hf(policy_dir, step, keep_steps)  # its evaluated copies are global_step{k}_hf folders

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +32,11 @@ from calibrl.backends.verl.advantage import ESTIMATORS
 from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
 from calibrl.gpu import RAY_CLUSTER
+from calibrl.gpu.retention import release_hf
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
 log = logging.getLogger("calibrl.verl")
-_STEP_DIR = re.compile(r"global_step(\d+)_hf")
 HERE = Path(__file__).parent
 
 
@@ -101,18 +99,7 @@ class VerlGpu:
         return train_cost(plan, a)
 
     def release(self, policy_dir: str, step: int, keep_steps: list[int]) -> bool:
-        """Remove an evaluated Hugging Face checkpoint (``hf/global_step{k}_hf``) unless it is the newest of its run
-        or ``keep_steps`` names it (``grid.retention``); its marker stays."""
-        path = Path(policy_dir)
-        m = _STEP_DIR.fullmatch(path.name)
-        if not m or not path.is_dir():
-            return False
-        newest = max((int(n[1]) for p in path.parent.iterdir() if (n := _STEP_DIR.fullmatch(p.name))), default=step)
-        if step in keep_steps or step >= newest:
-            return False
-        shutil.rmtree(path)
-        log.info("removed the evaluated checkpoint of step %d (%s)", step, path)
-        return True
+        return release_hf(policy_dir, step, keep_steps)  # its evaluated copies are global_step{k}_hf folders
 
 
 class VerlBackend:
