@@ -59,6 +59,21 @@ def _tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trainers(args: argparse.Namespace) -> int:
+    """The same grid cells trained by two trainers, side by side (calibrl.report.trainers)."""
+    from calibrl.io import write_csv, write_text
+    from calibrl.report.trainers import compare, render
+
+    trainers, evals, train = compare(args.first, args.second)
+    text = render(trainers, evals, train)
+    if args.out:
+        write_text(args.out, text)
+    if args.csv:
+        write_csv(args.csv, evals)
+    print(text)
+    return 0
+
+
 def _check_current(results) -> None:
     """Refuse tables whose result files are gone (a run folder deleted or moved), and say when some are newer
     than the tables (a run redone since): the tables would report what no longer is."""
@@ -210,6 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tables.add_argument("--no-paper", dest="paper", action="store_false", help="our tables only")
     tables.set_defaults(func=_tables)
+
+    trainers = sub.add_parser(
+        "trainers",
+        help="the same grid cells trained by two trainers, side by side (AVG@k, PASS@k, training metrics)",
+        description="Match the runs of two results folders, each trained by one trainer (grid.trainer), and show "
+        "each evaluated step under both with the difference and its interval paired over problems. A run whose "
+        "settings differ beyond its trainer, or whose checkpoints were evaluated differently, is refused by key.",
+    )
+    trainers.add_argument("first", help="results folder of one trainer (the config's `results:`)")
+    trainers.add_argument("second", help="results folder of the other trainer; differences are second - first")
+    trainers.add_argument("--out", help="also write the table here (markdown)")
+    trainers.add_argument("--csv", help="also write the evaluations' rows here (CSV)")
+    trainers.set_defaults(func=_trainers)
 
     ui = sub.add_parser(
         "ui",
