@@ -1,18 +1,21 @@
-"""The preflight's training canary (``calibrl.preflight.canaries``, ``calibrl.backends.openrlhf.canary``): which
-runs it trains on each request shape of the paper's grid, with what, and how a failure is named. The canary itself
-trains in the CPU rehearsal's preflight (tests/test_rehearsal.py), where an injected fault makes it fail."""
+"""The preflight's training canary (``calibrl.preflight.canaries``, ``calibrl.gpu.canary``, each GPU backend's
+check): which runs it trains on each request shape of the paper's grid, with what, and how a failure is named. The
+canary itself trains in the CPU rehearsals' preflights (tests/test_rehearsal.py, where an injected fault makes it
+fail; tests/test_rehearsal_verl.py)."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
-from conftest import filled
+import yaml
+from conftest import REPO, filled
 
+from calibrl import backends
 from calibrl import grid as G
 from calibrl import preflight as PF
 from calibrl.backends import CheckFailed
-from calibrl.backends.openrlhf import canary
+from calibrl.gpu import canary
 
 PAPER = filled("paper")
 
@@ -70,6 +73,7 @@ def test_the_canary_runs_last_and_is_waivable_by_name(tmp_path):
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
         ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "NCCL collective failed"),
         ("calibrl...DivergenceCheckFailed: DLC at step 1: the engines' sampling logprobs differ", "another distri"),
+        ("ERROR calibrl.gpu.watchdog: the's trainer of m/dlc/s0: no progress for 61.0 min (limit 60.0 min)", "no step"),
         ("ValueError: something else went wrong", "last error line: ValueError: something else"),
     ],
 )
@@ -80,9 +84,14 @@ def test_a_failed_segment_is_named_by_what_its_log_says(tmp_path, tail, meaning)
     assert meaning in cause and fix
 
 
-def test_a_failing_segment_fails_the_check_naming_kind_run_segment_and_log(tmp_path):
-    """A canary whose training cannot start (no model where its settings point) fails as a named finding."""
-    settings = copy.deepcopy(PF.params(PAPER, "n2-gpu8")["canary"][0])
+@pytest.mark.parametrize("trainer", ["openrlhf", "verl"])
+def test_a_failing_segment_fails_the_check_naming_kind_run_segment_and_log(tmp_path, trainer):
+    """A canary whose training cannot start (no model where its settings point) fails as a named finding, through
+    each GPU backend's own check."""
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["grid"]["trainer"] = trainer
+    settings = copy.deepcopy(PF.params(filled(cfg), "n2-gpu8")["canary"][0])
+    assert settings["settings"]["backend"] == trainer
     p = {"canary": [settings], "results": str(tmp_path), "shape": "n2-gpu8", "workers": 0}
     (tmp_path / "data" / "d0").mkdir(parents=True)
     (tmp_path / "data" / "d0" / "train.jsonl").write_text("")
@@ -90,6 +99,6 @@ def test_a_failing_segment_fails_the_check_naming_kind_run_segment_and_log(tmp_p
     (tmp_path / "nowhere").mkdir()  # an empty model folder
     (tmp_path / "models" / "qwen3-14b" / "hub.json").write_text('{"path": "%s"}' % (tmp_path / "nowhere"))
     with pytest.raises(CheckFailed) as err:
-        canary.check(p)
+        backends.get(trainer).gpu.preflight_checks()["canary"](p)
     assert "canary plain (as qwen3-14b/iac/s0): training to step 2 failed" in err.value.cause
     assert str(tmp_path / "preflight" / "canary" / "n2-gpu8" / "plain" / "segment_2.log") in err.value.cause

@@ -37,6 +37,21 @@ class CheckFailed(RuntimeError):
         self.cause, self.fix = cause, fix
 
 
+def canary_check(trainer) -> Callable[[dict], str]:
+    """A GPU backend's preflight check ``canary``: the shared training canary (``calibrl.gpu.canary.check``) of
+    ``trainer`` (a ``calibrl.gpu.canary.Trainer``), its failure a :class:`CheckFailed`."""
+
+    def check(p: dict) -> str:
+        from calibrl.gpu import canary
+
+        try:
+            return canary.check(p, trainer)
+        except canary.Failed as err:
+            raise CheckFailed(err.cause, err.fix) from err
+
+    return check
+
+
 class Backend(Protocol):
     """The trainer core, which every backend implements."""
 

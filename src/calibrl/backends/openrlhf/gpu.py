@@ -53,9 +53,13 @@ class OpenRLHFGpu:
     def preflight_checks(self) -> dict:
         """Its model code with flash-attn's kernel, DeepSpeed's optimizer with calibrl's kernel, and the training
         canary: each kind of run of the shape trains 2 steps, saves and resumes (``canary``)."""
-        from calibrl.backends.openrlhf import canary, preflight
+        from calibrl.backends import canary_check
+        from calibrl.backends.openrlhf import preflight
+        from calibrl.backends.openrlhf.dlc import CHECK_TOLERANCE
+        from calibrl.gpu.canary import Trainer
 
-        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer, "canary": canary.check}
+        canary = Trainer("calibrl.backends.openrlhf", dlc_tolerance=CHECK_TOLERANCE, clip="ppo_clip_ratio")
+        return {"flash_attn": preflight.flash_attn, "optimizer": preflight.optimizer, "canary": canary_check(canary)}
 
     def vllm_plugin(self, stamp: RunStamp) -> None:
         """A CPU rehearsal's vLLM-side stand-ins (``cpu_standins``); on a cluster, nothing."""

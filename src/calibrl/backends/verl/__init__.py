@@ -82,7 +82,13 @@ class VerlGpu:
         }
 
     def preflight_checks(self) -> dict:
-        return {}  # the common checks (Ray, the engines, the GPUs); no training canary yet (docs/cluster.md, "verl")
+        """The training canary: each kind of run of the shape trains 2 steps through ``main_ppo``, saves and resumes
+        (``calibrl.gpu.canary``); verl has no flash-attn or optimizer kernel of calibrl's to check."""
+        from calibrl.backends import canary_check
+        from calibrl.backends.verl.dlc import CHECK_TOLERANCE
+        from calibrl.gpu.canary import Trainer
+
+        return {"canary": canary_check(Trainer("calibrl.backends.verl", CHECK_TOLERANCE, clip="actor/pg_clipfrac"))}
 
     def vllm_plugin(self, stamp: RunStamp) -> None:
         """A CPU rehearsal's platform and stand-ins in vLLM's processes; on a cluster, nothing."""
