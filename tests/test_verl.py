@@ -21,7 +21,7 @@ from conftest import REPO, copy_workflow, paper_settings, snakemake
 
 from calibrl import config as C
 from calibrl import grid as G
-from calibrl.backends.verl import cpu_platform, launch, trainer
+from calibrl.backends.verl import cpu_platform, hf_copies, launch
 from calibrl.backends.verl.metrics import file_metrics
 from calibrl.checkpoints import RunStamp
 
@@ -149,11 +149,11 @@ def test_evaluated_copies_are_kept_outside_verls_rotation_and_others_removed(tmp
     ckpt = tmp_path / "ckpt" / "verl"
     for step in (1, 2):
         _saved(ckpt, step)
-    assert trainer.keep_hf(ckpt, 1, {2, 4}) is None
+    assert hf_copies.keep_hf(ckpt, 1, {2, 4}) is None
     assert not (ckpt / "global_step_1" / "actor" / "huggingface").exists()
-    target = trainer.keep_hf(ckpt, 2, {2, 4})
+    target = hf_copies.keep_hf(ckpt, 2, {2, 4})
     assert target == ckpt / "hf" / "global_step2_hf" and (target / "config.json").is_file()
-    assert trainer.keep_hf(ckpt, 2, {2, 4}) == target  # idempotent
+    assert hf_copies.keep_hf(ckpt, 2, {2, 4}) == target  # idempotent
 
 
 def test_repair_rewinds_a_save_without_its_copy_and_markers_follow(tmp_path):

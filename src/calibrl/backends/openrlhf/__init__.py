@@ -32,7 +32,7 @@ from calibrl.backends.openrlhf import layout as L
 from calibrl.backends.openrlhf.command import ESTIMATORS
 from calibrl.backends.openrlhf.gpu import OpenRLHFGpu
 from calibrl.checkpoints import RunStamp
-from calibrl.gpu import RAY_CLUSTER
+from calibrl.gpu import RAY_CLUSTER, hub_runs
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
 
@@ -51,65 +51,23 @@ class OpenRLHFBackend:
     gpu = OpenRLHFGpu()  # its venv, layout, SLURM request, rollout engine, preflight, price, checkpoint removal
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
-        out = []
-        if grid["data"]["source"] == "countdown":
-            out.append(("grid.data.source", "countdown goes with grid.trainer local (tiny models)"))
-        for kind in ("models", "memory_models"):
-            for name, spec in grid[kind].items():
-                if "hf_id" not in spec:
-                    out.append((f"grid.{kind}.{name}", "trainer openrlhf needs hf_id (a Hugging Face model)"))
-        batch = grid["train"]["prompts_per_step"]
+        out = hub_runs.problems(grid, runs, self.name)
         for spec in {spec.name: spec for _, spec in runs}.values():  # a method the trainer has no formula for
-            if spec.shuffle_rewards:
-                out.append((f"grid.methods.{spec.name}.shuffle_rewards", "the control arm runs on trainer local only"))
             if spec.estimator not in ESTIMATORS:
                 what = f"{spec.estimator!r} has no OpenRLHF estimator (trainer openrlhf runs {sorted(ESTIMATORS)})"
                 out.append((f"grid.methods.{spec.name}.estimator", what))
-            if "subset" in grid["data"]:  # a smoke run's rows: OpenRLHF needs one step's prompts (command.py)
-                rows = grid["data"]["subset"]
-                kept = rows - round(spec.filter_easiest * rows)  # calibrl.algo.filtering.keep_indices
-                if kept < batch:
-                    why = f", {kept} after method {spec.name}'s filter_easiest {spec.filter_easiest:g}," * spec.filters
-                    out.append(("grid.data.subset", f"{rows} training rows{why} are fewer than one step's "
-                                                    f"{batch} prompts (grid.train.prompts_per_step)"))  # fmt: skip
-        if batch % grid["train"]["ppo_minibatches"]:  # command.train_samples: whole groups per optimizer step
-            what = f"does not divide grid.train.prompts_per_step ({batch}): each optimizer step takes whole groups"
-            out.append(("grid.train.ppo_minibatches", what))
-        for name, spec in grid["models"].items():
-            if "resources" not in spec:  # a tiny model (refused above)
-                continue
-            resources = spec["resources"]
-            for key, lay in (("resources", resources), ("resources.dlc", resources["dlc"])):
-                every, evals = lay.get("segment_steps"), grid["train"]["eval_every"]
-                if every and every % evals:
-                    what = f"{every} is not a multiple of grid.train.eval_every ({evals})"
-                    out.append((f"grid.models.{name}.{key}.segment_steps", what + ": a segment ends on a checkpoint"))
-                saves = lay.get("ds_save_steps")
-                if saves and evals % saves:
-                    what = f"{saves} does not divide grid.train.eval_every ({evals}): an evaluated step needs its state"
-                    out.append((f"grid.models.{name}.{key}.ds_save_steps", what))
         if not out:  # the layouts can be computed
             out += L.problems(grid, [(run.model, spec.uses_kl, spec.uses_dlc) for run, spec in runs])
         return out
 
     def model_file(self, model: str, data: int) -> str:
-        return f"models/{model}/hub.json"  # rule download_model, on the login node: one for every data seed
+        return hub_runs.model_file(model)
 
     def inputs(self, grid: dict, run: Run, spec: MethodSpec, data: int) -> dict[str, str]:
-        out = {"init": self.model_file(run.model, data)}
-        if spec.uses_dlc:
-            out["memory"] = self.model_file(grid["models"][run.model]["memory"], data)
-        if spec.filters:  # ranked by the initial model with vLLM, once per model (rule rank_train)
-            out["success"] = f"models/{run.model}/train_success.json"
-        return out
+        return hub_runs.inputs(grid, run, spec)
 
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
-        """Every ``segment_steps`` of the run's layout (a multiple of ``eval_every``; unset: one job) and ``steps``:
-        each segment is one SLURM job resuming from the previous one's checkpoint, so a run longer than a SLURM time
-        limit still finishes."""
-        steps = int(grid["train"]["steps"])
-        every = int(self.gpu.resources(grid, run, spec).get("segment_steps") or steps)
-        return sorted({*range(every, steps, every), steps})
+        return hub_runs.segments(int(grid["train"]["steps"]), self.gpu.resources(grid, run, spec))
 
     def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
         raise NotImplementedError("trainer openrlhf starts from Hub models (rule download_model): no warm start")

@@ -17,9 +17,7 @@ of the run's tokenizer is left out of the file; the count is logged and recorded
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,28 +98,16 @@ def prepare(stamp: RunStamp | dict, out_path: str | Path, tokenizer=None) -> int
     (``paths.success``, rule rank_train), rendered through the model's chat template (``tokenizer``; loaded from the
     downloaded policy folder when none is given) exactly as evaluation renders them, less the prompts of more than
     ``max_prompt_len`` tokens of that tokenizer (:func:`write_prompts`). Returns the row count."""
-    from calibrl.algo import filtering
-    from calibrl.data.records import read_jsonl
+    from calibrl.gpu.prompt_order import training_queries
 
     stamp = RunStamp.of(stamp)
     settings, paths = stamp.settings, stamp.paths
-    records = list(read_jsonl(paths["train"], on_error=settings["on_error"]))
-    random.Random(f"train-order:{settings['data_seed']}").shuffle(records)
+    records, keep = training_queries(stamp)
     has_tokenizer = (Path(paths["init"]) / "tokenizer_config.json").is_file()  # the job's downloaded policy folder
     if tokenizer is None and (settings["chat_template"] or has_tokenizer):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(paths["init"])
-    share = settings["method"]["filter_easiest"]
-    keep = None
-    if share > 0:
-        by_id = json.loads(Path(paths["success"]).read_text())["rates"]
-        missing = [r["id"] for r in records if r["id"] not in by_id]
-        if missing:
-            raise ValueError(f"{paths['success']}: no success rate for {len(missing)} training ids, e.g. {missing[:3]}")
-        rates = [by_id[r["id"]] for r in records]
-        keep = filtering.keep_indices(rates, share)
-        log.info("filtering baseline: %s", filtering.summary(rates, keep))
     chat = tokenizer if settings["chat_template"] else None
     if tokenizer is None:  # no tokenizer in the policy folder (a test's made-up one): no lengths to count
         log.warning("no tokenizer at %s: prompt lengths not checked against max_prompt_len", paths["init"])

@@ -31,7 +31,7 @@ from calibrl.backends.verl import layout as L
 from calibrl.backends.verl.advantage import ESTIMATORS
 from calibrl.checkpoints import RunStamp
 from calibrl.cost import RunCost, RunPlan
-from calibrl.gpu import RAY_CLUSTER
+from calibrl.gpu import RAY_CLUSTER, hub_runs
 from calibrl.gpu.retention import release_hf
 from calibrl.runs import Run
 from calibrl.spec import MethodSpec
@@ -121,71 +121,30 @@ class VerlBackend:
     gpu = VerlGpu()
 
     def problems(self, grid: dict, runs: list[tuple[Run, MethodSpec]]) -> list[tuple[str, str]]:
-        out = []
-        if grid["data"]["source"] == "countdown":
-            out.append(("grid.data.source", "countdown goes with grid.trainer local (tiny models)"))
-        for kind in ("models", "memory_models"):
-            for name, spec in grid[kind].items():
-                if "hf_id" not in spec:
-                    out.append((f"grid.{kind}.{name}", "trainer verl needs hf_id (a Hugging Face model)"))
+        out = hub_runs.problems(grid, runs, self.name)
         if not grid["chat_template"]:
             out.append(("grid.chat_template", "trainer verl applies the model's chat template to every prompt"))
-        train = grid["train"]
-        if train["weight_decay_scope"] != "all":
+        if grid["train"]["weight_decay_scope"] != "all":
             out.append(("grid.train.weight_decay_scope", "verl's AdamW decays every parameter (scope all only)"))
-        batch = train["prompts_per_step"]
         for spec in {spec.name: spec for _, spec in runs}.values():
-            key = f"grid.methods.{spec.name}"
-            if spec.shuffle_rewards:
-                out.append((f"{key}.shuffle_rewards", "the control arm runs on trainer local only"))
             if spec.estimator not in ESTIMATORS:
                 what = f"{spec.estimator!r} has no verl estimator (trainer verl runs {sorted(ESTIMATORS)})"
-                out.append((f"{key}.estimator", what))
+                out.append((f"grid.methods.{spec.name}.estimator", what))
             if spec.dlc_importance not in (None, "none"):
                 out.append(("grid.train.dlc_importance", f"{spec.dlc_importance!r}: trainer verl runs DLC without "
                                                          "an importance correction (none) only"))  # fmt: skip
-            if "subset" in grid["data"]:
-                rows = grid["data"]["subset"]
-                kept = rows - round(spec.filter_easiest * rows)
-                if kept < batch:
-                    what = f"{kept} training rows of method {spec.name} are fewer than one step's {batch} prompts"
-                    out.append(("grid.data.subset", what + " (grid.train.prompts_per_step)"))
-        if batch % train["ppo_minibatches"]:
-            what = f"does not divide grid.train.prompts_per_step ({batch}): each optimizer step takes whole groups"
-            out.append(("grid.train.ppo_minibatches", what))
-        for name, spec in grid["models"].items():
-            if "resources" not in spec:
-                continue
-            for key, lay in (("resources", spec["resources"]), ("resources.dlc", spec["resources"]["dlc"])):
-                every, evals = lay.get("segment_steps"), train["eval_every"]
-                if every and every % evals:
-                    what = f"{every} is not a multiple of grid.train.eval_every ({evals})"
-                    out.append((f"grid.models.{name}.{key}.segment_steps", what + ": a segment ends on a checkpoint"))
-                saves = lay.get("ds_save_steps")
-                if saves and evals % saves:
-                    what = f"{saves} does not divide grid.train.eval_every ({evals}): an evaluated step needs its state"
-                    out.append((f"grid.models.{name}.{key}.ds_save_steps", what))
         if not out:
             out += L.problems(grid, [(run.model, spec.uses_dlc) for run, spec in runs])
         return out
 
     def model_file(self, model: str, data: int) -> str:
-        return f"models/{model}/hub.json"  # rule download_model, on the login node: one for every data seed
+        return hub_runs.model_file(model)
 
     def inputs(self, grid: dict, run: Run, spec: MethodSpec, data: int) -> dict[str, str]:
-        out = {"init": self.model_file(run.model, data)}
-        if spec.uses_dlc:
-            out["memory"] = self.model_file(grid["models"][run.model]["memory"], data)
-        if spec.filters:
-            out["success"] = f"models/{run.model}/train_success.json"
-        return out
+        return hub_runs.inputs(grid, run, spec)
 
     def segments(self, grid: dict, run: Run, spec: MethodSpec) -> list[int]:
-        """Every ``segment_steps`` of the run's layout (unset: one job) and ``steps``; each segment is one SLURM job
-        resuming from the previous one's saved state."""
-        steps = int(grid["train"]["steps"])
-        every = int(self.gpu.resources(grid, run, spec).get("segment_steps") or steps)
-        return sorted({*range(every, steps, every), steps})
+        return hub_runs.segments(int(grid["train"]["steps"]), self.gpu.resources(grid, run, spec))
 
     def warmstart(self, params: dict, sft_path: str, model_dir: str, info_path: str, threads: int) -> None:
         raise NotImplementedError("trainer verl starts from Hub models (rule download_model): no warm start")

@@ -12,9 +12,7 @@ than ``grid.train.max_prompt_len`` tokens are dropped and counted beside the fil
 
 from __future__ import annotations
 
-import json
 import logging
-import random
 from pathlib import Path
 
 from calibrl.checkpoints import RunStamp
@@ -34,22 +32,12 @@ def overlong_path(out_path: str | Path) -> Path:
 
 def rows(stamp: RunStamp, tokenizer) -> tuple[list[dict], dict]:
     """The rows verl trains on, and the record of the prompts dropped as over-long."""
-    from calibrl.algo import filtering
-    from calibrl.data.records import read_jsonl
+    from calibrl.gpu.prompt_order import training_queries
     from calibrl.tasks import format_prompt, render_prompts
 
-    settings, paths = stamp.settings, stamp.paths
-    records = list(read_jsonl(paths["train"], on_error=settings["on_error"]))
-    random.Random(f"train-order:{settings['data_seed']}").shuffle(records)
-    share = settings["method"]["filter_easiest"]
-    if share > 0:
-        by_id = json.loads(Path(paths["success"]).read_text())["rates"]
-        missing = [r["id"] for r in records if r["id"] not in by_id]
-        if missing:
-            raise ValueError(f"{paths['success']}: no success rate for {len(missing)} training ids, e.g. {missing[:3]}")
-        rates = [by_id[r["id"]] for r in records]
-        keep = filtering.keep_indices(rates, share)
-        log.info("filtering baseline: %s", filtering.summary(rates, keep))
+    settings = stamp.settings
+    records, keep = training_queries(stamp)
+    if keep is not None:
         records = [records[i] for i in keep]
     limit = int(settings["train"]["max_prompt_len"])
     rendered = render_prompts(records, settings["template"], tokenizer, settings["enable_thinking"])

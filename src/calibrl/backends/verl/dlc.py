@@ -494,7 +494,7 @@ class DLC:
             return self.model_path
         if not self.settings.check_every and step != self.first_step:
             return None
-        from calibrl.backends.verl.trainer import hf_target
+        from calibrl.backends.verl.hf_copies import hf_target
 
         ckpt = Path(self.trainer.config.trainer.default_local_dir)
         # verl's copy beside its state, or where the trainer moved an evaluated step's (trainer.keep_hf)

@@ -30,7 +30,7 @@ from calibrl import offline, plugins
 from calibrl.backends.verl import cpu_platform
 from calibrl.backends.verl.command import build_overrides, check_overrides, ckpt_dir
 from calibrl.backends.verl.data import PROMPTS
-from calibrl.backends.verl.trainer import HF, evaluated_steps, keep_hf
+from calibrl.backends.verl.hf_copies import HF, evaluated_steps, hf_target, keep_hf
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
 from calibrl.gpu import faults
 from calibrl.runs import checkpoint_steps
@@ -57,8 +57,7 @@ def repair(ckpt: Path, stamp: RunStamp) -> None:
     """What a killed attempt left. An evaluated step whose state verl saved but whose Hugging Face copy the trainer had
     not yet moved (the job died between the two, before the step's metrics were logged) is discarded and verl's
     tracker rewound to the state before it, which the retry trains from again, as OpenRLHF's repair discards a
-    DeepSpeed tag without its copy; other completed saves' copies are moved or removed (``trainer.keep_hf``)."""
-    from calibrl.backends.verl.trainer import hf_target
+    DeepSpeed tag without its copy; other completed saves' copies are moved or removed (``hf_copies.keep_hf``)."""
 
     last, evaluated = saved_step(ckpt), evaluated_steps(stamp)
     states = sorted(int(m[1]) for p in ckpt.glob("global_step_*") if (m := _STATE_DIR.fullmatch(p.name)))

@@ -5,10 +5,8 @@ registered as trainer mode ``calibrl`` (``command.TRAINER``) by the external mod
   ``rm_scores`` only (DAPO: +-1 plus the overlong penalty), so the step's ``acc`` (reward.py's 0/1 correctness,
   stored beside the scores in TransferQueue) is read for the same keys, in the same order, and given to the IAC
   estimators (``advantage.successes``) around verl's own computation.
-* The evaluated checkpoints: verl saves its resume state every ``trainer.save_freq`` steps with a Hugging Face copy
-  (``save_contents`` has ``hf_model``) in ``global_step_{k}/actor/huggingface``, which its rotation deletes with the
-  state; at the evaluated steps that copy is moved to ``hf/global_step{k}_hf`` (one rename, after verl's save), at the
-  others it is removed. The launcher writes the markers from ``hf/`` (``launch``).
+* The evaluated checkpoints: after each of verl's saves, its Hugging Face copy is kept at the evaluated steps and
+  removed at the others (``hf_copies.keep_hf``).
 * DLC: the memory network's step after each policy step, its weights in the rollout engines, its save and resume
   (``dlc``).
 * A CPU rehearsal's faults (``calibrl.gpu.faults``): ``mid_step`` before step k's policy update, ``before_hf`` after
@@ -19,43 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
+from calibrl.backends.verl.hf_copies import evaluated_steps, keep_hf
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
 from calibrl.gpu import faults
-from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.verl.trainer")
-
-HF = "hf"
-"""The evaluated Hugging Face checkpoints, under verl's ``default_local_dir``: ``hf/global_step{k}_hf``."""
-
-
-def hf_target(ckpt: str | Path, step: int) -> Path:
-    return Path(ckpt) / HF / f"global_step{int(step)}_hf"
-
-
-def keep_hf(ckpt: str | Path, step: int, evaluated: set[int]) -> Path | None:
-    """Move the Hugging Face copy verl saved with step ``step``'s state to :func:`hf_target` if ``step`` is evaluated,
-    else remove it; returns where it went (None: removed, or none there). Idempotent."""
-    saved = Path(ckpt) / f"global_step_{int(step)}" / "actor" / "huggingface"
-    target = hf_target(ckpt, step)
-    if not saved.is_dir():
-        return target if target.is_dir() else None
-    if step not in evaluated:
-        shutil.rmtree(saved)
-        return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():  # a copy an earlier attempt moved: this one is the same step's, saved again
-        shutil.rmtree(target)
-    os.replace(saved, target)
-    log.info("step %d: the Hugging Face checkpoint is %s", step, target)
-    return target
-
-
-def evaluated_steps(stamp: RunStamp) -> set[int]:
-    return set(checkpoint_steps(int(stamp.train["eval_every"]), int(stamp.train["steps"])))
 
 
 def correctness(extra_fields) -> float:
