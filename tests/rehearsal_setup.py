@@ -30,6 +30,9 @@ CHATML = (
 )
 TRAIN_ANSWERS = ("1", "2")
 MAX_PROBLEM_CHARS = 160  # short problems: prompts well inside max_prompt_len
+# trainer -> the results folder of its rehearsal, once it finished in this pytest process: the cross-trainer check
+# (tests/test_rehearsal_verl.py) compares the two
+FINISHED: dict[str, Path] = {}
 
 
 def tokenizer():

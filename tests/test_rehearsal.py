@@ -183,6 +183,8 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
     proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, faults))
+    if proc.returncode == 0:
+        rehearsal_setup.FINISHED["openrlhf"] = work / RESULTS
     return work, proc
 
 

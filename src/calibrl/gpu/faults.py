@@ -7,7 +7,10 @@ each of which fires them at its own points (OpenRLHF's ``rehearsal_faults``, ver
 
 * ``mid_step``: inside global step ``<step>``, after its rollout and before its policy update;
 * ``before_hf``: after the trainer saved its resume state of step ``<step>`` and before the Hugging Face copy that
-  evaluation reads is in place.
+  evaluation reads is in place;
+* ``dead_engine``: inside global step ``<step>``, before its policy update, every vLLM engine process of the run is
+  killed and the job goes on (:func:`kill_engines`), as a GPU's out-of-memory kills a worker under a trainer that
+  waits on it: the case of ``calibrl.gpu.watchdog``.
 
 :func:`fire` kills the job's driver (the backend's launcher, ``CALIBRL_DRIVER_PID``; SIGKILL): ``ray_cluster.sh``
 then stops Ray and the job fails, as a killed job does, and SLURM and Snakemake's retry run the same command again.
@@ -27,7 +30,8 @@ log = logging.getLogger("calibrl.gpu.faults")
 
 ENV = "CALIBRL_REHEARSAL_FAULTS"
 DRIVER_ENV = "CALIBRL_DRIVER_PID"
-KINDS = ("mid_step", "before_hf")
+KINDS = ("mid_step", "before_hf", "dead_engine")
+ENGINE = "VLLM::EngineCore"  # the process title of vLLM's engine core (v1), one process per engine
 
 
 def parse(value: str, run: str) -> dict[str, int]:
@@ -43,15 +47,48 @@ def parse(value: str, run: str) -> dict[str, int]:
     return out
 
 
+def _once(marks: str | Path, name: str) -> bool:
+    """Whether fault ``name`` fires now: not if its marker in ``marks`` says it has; else the marker is written."""
+    mark = Path(marks) / name
+    if mark.exists():
+        return False
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"{time.time()}\n")
+    return True
+
+
+def kill_engines(marks: str | Path, name: str) -> int:
+    """Kill (SIGKILL) the vLLM engine processes of this run (those whose environment names its settings.json, as
+    every process of the run's Ray workers does) unless fault ``name`` has fired before; how many. None found is an
+    error: the fault would test nothing."""
+    import psutil
+
+    from calibrl.checkpoints import SETTINGS_ENV
+
+    if not _once(marks, name):
+        return 0
+    ours = os.environ[SETTINGS_ENV]
+    killed = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if ENGINE not in " ".join(proc.info["cmdline"] or [proc.info["name"] or ""]):
+                continue
+            if proc.environ().get(SETTINGS_ENV) == ours:
+                proc.kill()
+                killed.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    if not killed:
+        raise RuntimeError(f"rehearsal fault {name}: no {ENGINE} process of this run ({SETTINGS_ENV}={ours})")
+    log.warning("rehearsal fault %s: killed the run's vLLM engine processes %s", name, killed)
+    return len(killed)
+
+
 def fire(marks: str | Path, name: str) -> None:
     """Kill the job's driver unless fault ``name`` has fired before (its marker in ``marks``); then wait to go with
     the job's Ray cluster."""
-    marks = Path(marks)
-    mark = marks / name
-    if mark.exists():
+    if not _once(marks, name):
         return
-    marks.mkdir(parents=True, exist_ok=True)
-    mark.write_text(f"{time.time()}\n")
     pid = int(os.environ[DRIVER_ENV])
     log.warning("rehearsal fault %s: killing the job's driver (pid %d)", name, pid)  # may not reach the log: the
     os.kill(pid, signal.SIGKILL)  # driver forwards it; the marker is the record

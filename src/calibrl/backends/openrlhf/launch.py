@@ -15,7 +15,8 @@
    ``train()`` calls ``ray.init`` only when Ray is not initialised yet, so this runtime environment is the one
    every actor gets; OpenRLHF's own ``env_vars`` are passed on here for the same reason;
 4. runs ``openrlhf.cli.train_ppo_ray`` as ``__main__`` (its parser exists only there), without its final full-model
-   save (``skip_final_save``);
+   save (``skip_final_save``), under a watchdog that ends the launch once its TensorBoard files have not grown for
+   the layout's ``stall_minutes`` (``calibrl.gpu.watchdog``);
 5. writes one marker per Hugging Face checkpoint and fails if one of the ``eval_every`` steps up to ``STOP_AT`` has
    none.
 """
@@ -34,6 +35,7 @@ from calibrl import offline, plugins
 from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
+from calibrl.gpu import watchdog
 from calibrl.gpu.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
 
@@ -184,11 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     log.info("patches in the driver: %s", ", ".join(driver) or "none")
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(settings_path))
     log.info("python -m openrlhf.cli.train_ppo_ray %s", shlex.join(rest))
+    limit_s = 60 * float(stamp.resources["stall_minutes"])  # the run's TensorBoard files grow with every step
+    stalled = watchdog.Watchdog(
+        watchdog.folder_size(run_dir / "tensorboard"), limit_s, f"OpenRLHF's trainer of {stamp.run}"
+    )
     try:
         saved = sys.argv
         sys.argv = ["train_ppo_ray", *rest]
         try:
-            runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+            with stalled:
+                runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
         finally:
             sys.argv = saved
     finally:

@@ -37,6 +37,8 @@ def install(run_dir: str | Path, run: str) -> None:
     faults = parse(os.environ.get(ENV, ""), run)
     if not faults:
         return
+    if unknown := sorted(set(faults) - {"mid_step", "before_hf"}):
+        raise ValueError(f"{ENV}: OpenRLHF's rehearsal injects mid_step and before_hf, not {unknown}")
     marks = Path(run_dir) / "rehearsal_faults"
     if "mid_step" in faults:
         when_imported(TRAIN_STEP.module, functools.partial(_patch_step, step=faults["mid_step"], marks=marks))

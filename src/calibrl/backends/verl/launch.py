@@ -10,7 +10,8 @@
    worker's environment (:func:`runtime_env`: the external module, the settings, the grading pool, verl's own);
    ``main_ppo`` calls ``ray.init`` only where Ray is not initialised, so this runtime environment is every actor's;
 4. runs ``verl.trainer.main_ppo`` as ``__main__`` up to ``STOP_AT`` (``trainer.total_training_steps``), resuming
-   from verl's last saved state (``trainer.resume_mode=auto``);
+   from verl's last saved state (``trainer.resume_mode=auto``), under a watchdog that ends the launch once no step
+   has been logged for the layout's ``stall_minutes`` (``calibrl.gpu.watchdog``);
 5. writes one marker per Hugging Face checkpoint and fails if an evaluated step up to ``STOP_AT`` has none.
 """
 
@@ -32,7 +33,7 @@ from calibrl.backends.verl.command import build_overrides, check_overrides, ckpt
 from calibrl.backends.verl.data import PROMPTS
 from calibrl.backends.verl.hf_copies import HF, evaluated_steps, hf_target, keep_hf
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
-from calibrl.gpu import faults
+from calibrl.gpu import faults, watchdog
 from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.verl.launch")
@@ -171,11 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=runtime_env(env))
     hydra = [f"hydra.run.dir={ckpt / 'hydra'}", "hydra.output_subdir=null"]
     log.info("python -m verl.trainer.main_ppo %s", shlex.join(overrides))
+    # verl's file logger writes a line a step, unbuffered: a launch whose file stops growing is waiting on a dead worker
+    limit_s = 60 * float(stamp.resources["stall_minutes"])
+    stalled = watchdog.Watchdog(
+        watchdog.file_size(env["VERL_FILE_LOGGER_PATH"]), limit_s, f"verl's trainer of {stamp.run}"
+    )
     try:
         saved = sys.argv
         sys.argv = ["main_ppo", *overrides, *hydra]
         try:
-            runpy.run_module("verl.trainer.main_ppo", run_name="__main__", alter_sys=True)
+            with stalled:
+                runpy.run_module("verl.trainer.main_ppo", run_name="__main__", alter_sys=True)
         finally:
             sys.argv = saved
     finally:

@@ -9,8 +9,8 @@ registered as trainer mode ``calibrl`` (``command.TRAINER``) by the external mod
   removed at the others (``hf_copies.keep_hf``).
 * DLC: the memory network's step after each policy step, its weights in the rollout engines, its save and resume
   (``dlc``).
-* A CPU rehearsal's faults (``calibrl.gpu.faults``): ``mid_step`` before step k's policy update, ``before_hf`` after
-  verl saved step k's state and before its Hugging Face copy is moved.
+* A CPU rehearsal's faults (``calibrl.gpu.faults``): ``mid_step`` and ``dead_engine`` before step k's policy update,
+  ``before_hf`` after verl saved step k's state and before its Hugging Face copy is moved.
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def register() -> None:
         def _update_actor(self, batch, metrics):
             if self.faults.get("mid_step") == self.global_steps:
                 faults.fire(self.marks, f"mid_step-{self.global_steps}")
+            if self.faults.get("dead_engine") == self.global_steps:
+                faults.kill_engines(self.marks, f"dead_engine-{self.global_steps}")
             return super()._update_actor(batch, metrics)
 
         def on_step_end(self):
