@@ -149,6 +149,14 @@ def train_logs(work: Path) -> dict[str, list[str]]:
     return {k: [text for _, text in sorted(v)] for k, v in out.items()}
 
 
+def segment_logs(work: Path, run: str, end: int) -> list[str]:
+    """The SLURM logs of the training jobs of ``run`` (``model/method/s<seed>``) that end at step ``end``, one per
+    attempt, in submission order."""
+    model, method, seed = run.split("/")
+    folder = work / ".snakemake" / "slurm_logs" / "rule_train" / f"{model}_{method}_{seed.removeprefix('s')}_{end}"
+    return [p.read_text(errors="replace") for p in sorted(folder.glob("*.log"), key=lambda p: int(p.stem))]
+
+
 def train_rows() -> list[dict]:
     """DeepScaleR's short rows whose answer is 1 or 2."""
     rows = [r for path in DEEPSCALER for r in _shared(path)]

@@ -41,10 +41,12 @@ MODEL = CONFIG["grid"]["main_model"]
 FAULTED = f"{MODEL}/dapo_iac_dlc/s0"
 CHOSEN = os.environ.get("CALIBRL_REHEARSAL", "")
 CI_METHODS = ("dapo_iac_dlc",)
-# A chosen rehearsal first kills the DLC run's vLLM engines inside step 3 (a worker's death under verl's driver, which
-# waits on it: the launcher's watchdog ends the job after STALL_MINUTES, calibrl.gpu.watchdog), then the kill between
-# verl's save of step 4 and its Hugging Face copy; CI the second alone.
-FAULTS = (("dead_engine", 3), ("before_hf", 4)) if CHOSEN else (("before_hf", 4),)
+# Faults of the DLC run, one per attempt, in this order (calibrl.gpu.faults). A chosen rehearsal blocks the first
+# segment's trainer inside step 2 (the launcher's watchdog ends that attempt after STALL_MINUTES without a step, and
+# the retry trains from scratch), kills the second segment's vLLM engines inside step 3 (verl raises EngineDeadError:
+# the retry resumes from step 2), then kills the job between verl's save of step 4 and its Hugging Face copy; CI the
+# last alone.
+FAULTS = (("hang", 2), ("dead_engine", 3), ("before_hf", 4)) if CHOSEN else (("before_hf", 4),)
 # a chosen rehearsal's stall limit: a launch here logs its first step ~3.5 min after it starts, two at a time on two
 # cores, later ones seconds apart (CI keeps the layout's default, 60: a slower machine must not trip it)
 STALL_MINUTES = 8
@@ -150,17 +152,20 @@ def test_killed_jobs_resume_to_the_same_final_step(rehearsal):
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
     run_dir = work / RESULTS / "runs" / FAULTED
-    texts = rehearsal_setup.train_logs(work)[FAULTED.replace("/", "_").replace("_s0", "_0")]
-    *killed, retry = texts[1:]
-    assert len(killed) == len(FAULTS), len(killed)
+    first, second = (rehearsal_setup.segment_logs(work, FAULTED, end) for end in (2, 4))
     for kind, step in FAULTS:
         assert (run_dir / "rehearsal_faults" / f"{kind}-{step}").is_file()
+    assert len(first) == 1 + sum(step <= 2 for _, step in FAULTS), len(first)
+    if ("hang", 2) in FAULTS:  # the trainer blocked in step 2: no step for STALL_MINUTES, the watchdog ended it
+        assert "step:1 " in first[0] and "step:2 " not in first[0], first[0][-3000:]
+        assert f"(limit {STALL_MINUTES:.1f} min): a worker likely died under the trainer" in first[0], first[0][-3000:]
+        assert "Training from scratch" in first[1] and "step:2 " in first[1]  # nothing was saved: from the start
+    *killed, retry = second
+    assert len(killed) == sum(step > 2 for _, step in FAULTS), len(killed)
     for text in killed:
         assert "Training from scratch" not in text and "step:2 " not in text  # resumed at 2
-    if ("dead_engine", 3) in FAULTS:  # the trainer waited on its dead engines until the watchdog ended the launch
-        text = killed[[kind for kind, _ in FAULTS].index("dead_engine")]
-        assert "rehearsal fault dead_engine-3: killed the run's vLLM engine processes" in text, text[-3000:]
-        assert "no progress for" in text and f"(limit {STALL_MINUTES:.1f} min)" in text, text[-3000:]
+    if ("dead_engine", 3) in FAULTS:  # verl's next call to its dead engines raised: the job failed, not hung
+        assert "EngineDeadError" in killed[0] and "no progress for" not in killed[0], killed[0][-3000:]
     # the kill after verl saved step 4 and before its Hugging Face copy was moved (and its metrics logged): the retry
     # discards that state and trains steps 3-4 again from step 2's (the metrics test sees every step once)
     assert "step 4 was saved without its Hugging Face copy (a killed job): discarded" in retry, retry[-3000:]

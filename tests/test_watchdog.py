@@ -14,18 +14,23 @@ from calibrl.gpu import watchdog
 
 # a trainer's wait that never returns, as verl's driver waits on a vLLM worker that died
 HUNG = textwrap.dedent("""
-    import logging, sys, time
-    from calibrl.gpu import watchdog
+    import logging, sys
+    from calibrl.gpu import faults, watchdog
     logging.basicConfig(level=logging.INFO)
     with watchdog.Watchdog(watchdog.file_size(sys.argv[1]), limit_s=1, what="the trainer of m/grpo/s0", poll_s=0.1):
-        time.sleep(600)
+        faults.hang(sys.argv[2], "hang-2")  # the rehearsal's fault: blocks for good
 """)
 
 
 def test_a_launch_whose_progress_stops_is_ended_for_its_retry(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", HUNG, str(tmp_path / "metrics.jsonl")],
+    from calibrl.gpu import faults
+
+    marks = tmp_path / "rehearsal_faults"
+    proc = subprocess.run([sys.executable, "-c", HUNG, str(tmp_path / "metrics.jsonl"), str(marks)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == watchdog.EXIT_CODE, proc.stderr
+    assert (marks / "hang-2").is_file() and "rehearsal fault hang-2: the trainer blocks" in proc.stderr
+    faults.hang(marks, "hang-2")  # fired once: the retry goes on
     assert "the trainer of m/grpo/s0: no progress for " in proc.stderr and "(limit 1 s)" in proc.stderr
     assert "the job's retry resumes from the last saved state" in proc.stderr
 

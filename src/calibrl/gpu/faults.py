@@ -9,8 +9,10 @@ each of which fires them at its own points (OpenRLHF's ``rehearsal_faults``, ver
 * ``before_hf``: after the trainer saved its resume state of step ``<step>`` and before the Hugging Face copy that
   evaluation reads is in place;
 * ``dead_engine``: inside global step ``<step>``, before its policy update, every vLLM engine process of the run is
-  killed and the job goes on (:func:`kill_engines`), as a GPU's out-of-memory kills a worker under a trainer that
-  waits on it: the case of ``calibrl.gpu.watchdog``.
+  killed and the job goes on (:func:`kill_engines`), as a GPU's out-of-memory kills one: the trainer must fail (verl
+  0.9.1 raises vLLM's ``EngineDeadError`` at its next call) so that the retry resumes;
+* ``hang``: inside global step ``<step>``, before its policy update, the trainer blocks for good (:func:`hang`), as a
+  driver does that waits on a worker that never answers: the case of ``calibrl.gpu.watchdog``, which ends the launch.
 
 :func:`fire` kills the job's driver (the backend's launcher, ``CALIBRL_DRIVER_PID``; SIGKILL): ``ray_cluster.sh``
 then stops Ray and the job fails, as a killed job does, and SLURM and Snakemake's retry run the same command again.
@@ -30,7 +32,7 @@ log = logging.getLogger("calibrl.gpu.faults")
 
 ENV = "CALIBRL_REHEARSAL_FAULTS"
 DRIVER_ENV = "CALIBRL_DRIVER_PID"
-KINDS = ("mid_step", "before_hf", "dead_engine")
+KINDS = ("mid_step", "before_hf", "dead_engine", "hang")
 ENGINE = "VLLM::EngineCore"  # the process title of vLLM's engine core (v1), one process per engine
 
 
@@ -82,6 +84,16 @@ def kill_engines(marks: str | Path, name: str) -> int:
         raise RuntimeError(f"rehearsal fault {name}: no {ENGINE} process of this run ({SETTINGS_ENV}={ours})")
     log.warning("rehearsal fault %s: killed the run's vLLM engine processes %s", name, killed)
     return len(killed)
+
+
+def hang(marks: str | Path, name: str) -> None:
+    """Block for good unless fault ``name`` has fired before: the trainer waits, as on a worker that never answers,
+    until something outside ends the job (the launcher's watchdog, the job's time limit)."""
+    if not _once(marks, name):
+        return
+    log.warning("rehearsal fault %s: the trainer blocks", name)
+    while True:
+        time.sleep(3600)
 
 
 def fire(marks: str | Path, name: str) -> None:

@@ -9,8 +9,8 @@ registered as trainer mode ``calibrl`` (``command.TRAINER``) by the external mod
   removed at the others (``hf_copies.keep_hf``).
 * DLC: the memory network's step after each policy step, its weights in the rollout engines, its save and resume
   (``dlc``).
-* A CPU rehearsal's faults (``calibrl.gpu.faults``): ``mid_step`` and ``dead_engine`` before step k's policy update,
-  ``before_hf`` after verl saved step k's state and before its Hugging Face copy is moved.
+* A CPU rehearsal's faults (``calibrl.gpu.faults``): ``mid_step``, ``dead_engine`` and ``hang`` before step k's policy
+  update, ``before_hf`` after verl saved step k's state and before its Hugging Face copy is moved.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def register() -> None:
                 faults.fire(self.marks, f"mid_step-{self.global_steps}")
             if self.faults.get("dead_engine") == self.global_steps:
                 faults.kill_engines(self.marks, f"dead_engine-{self.global_steps}")
+            if self.faults.get("hang") == self.global_steps:
+                faults.hang(self.marks, f"hang-{self.global_steps}")
             return super()._update_actor(batch, metrics)
 
         def on_step_end(self):
