@@ -29,6 +29,8 @@ ELSEWHERE = {
     "make test": "CI's own command (.ci/run)",
     ".venv/bin/snakemake --report": "tests/test_workflow_grid.py makes the report of a finished micro grid",
     ".venv/bin/calibrl tables": "tests/test_workflow_grid.py prints the tables of a finished micro grid",
+    ".venv/bin/calibrl trainers": "two trainers' finished results: tests/test_rehearsal_verl.py runs it on both "
+    "rehearsals' (make test's SLURM lane), tests/test_trainers_compare.py on made-up folders",
     ".venv/bin/calibrl ui": "a server: tests/test_mlflow_ui.py opens a moved results folder's store in Chromium",
     "python3.11 -m venv": "a login node's set-up; tests/test_cluster_env.py resolves the cluster stack",
     "scripts/cluster_env.sh build": "installs the GPU stack (CUDA wheels): tests/test_cluster_env.py checks it",
