@@ -19,36 +19,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from calibrl.checkpoints import RunStamp
+from calibrl import stats
+from calibrl.checkpoints import RunStamp, changed_keys
 from calibrl.metrics import pass_at_k
 from calibrl.runs import Run
 
 __all__ = ["compare", "render", "same_cell"]
 
-LEVEL = 0.95
-
-
-def _flat(obj, prefix: str = "") -> dict[str, object]:
-    if isinstance(obj, dict):
-        out: dict[str, object] = {}
-        for key, value in obj.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: obj}
-
-
-def _differ(a: dict, b: dict) -> list[str]:
-    fa, fb = _flat(a), _flat(b)
-    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+LEVEL = 1 - stats.LEVEL  # the intervals' coverage (calibrl.stats: 0.05)
 
 
 def same_cell(a: RunStamp, b: RunStamp) -> list[str]:
     """The keys in which two runs' stamps differ beyond their trainer (``settings.backend``): none for one cell."""
-    settings = _differ({k: v for k, v in a.settings.items() if k != "backend"},
-                       {k: v for k, v in b.settings.items() if k != "backend"})  # fmt: skip
-    return [f"settings.{k}" for k in settings] + [f"inputs.{k}" for k in _differ(dict(a.inputs), dict(b.inputs))]
+    beyond = [{k: v for k, v in stamp.settings.items() if k != "backend"} for stamp in (a, b)]
+    return changed_keys(*beyond, "settings.") + changed_keys(dict(a.inputs), dict(b.inputs), "inputs.")
 
 
 def _stamps(results: Path) -> dict[Run, RunStamp]:
@@ -69,15 +54,6 @@ def _evals(results: Path, run: Run) -> dict[int, dict]:
 def _per_problem(split: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
     n, correct = int(split["n_samples"]), split["per_problem"]["correct"]
     return np.array([c / n for c in correct]), np.array([pass_at_k(n, c, k) for c in correct])
-
-
-def _paired(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """Mean of b - a over problems and its ``LEVEL`` interval (t, df = problems - 1); NaN bounds for one problem."""
-    d = b - a
-    if len(d) < 2:
-        return float(d.mean()), float("nan"), float("nan")
-    half = stats.t.ppf(0.5 + LEVEL / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
 def compare(first: str | Path, second: str | Path) -> tuple[tuple[str, str], pd.DataFrame, pd.DataFrame]:
@@ -101,16 +77,16 @@ def compare(first: str | Path, second: str | Path) -> tuple[tuple[str, str], pd.
         ea, eb = _evals(first, run), _evals(second, run)
         for step in sorted(ea.keys() & eb.keys()):
             if ea[step]["sampling"] != eb[step]["sampling"]:
-                keys = _differ(ea[step]["sampling"], eb[step]["sampling"])
+                keys = changed_keys(ea[step]["sampling"], eb[step]["sampling"])
                 raise ValueError(f"{run.path}/eval/step_{step}.json: evaluated differently, sampling.{keys}")
             k = int(ea[step]["sampling"]["k"])
             for split in sorted(ea[step]["splits"].keys() & eb[step]["splits"].keys()):
                 xa, xb = ea[step]["splits"][split], eb[step]["splits"][split]
                 pa, pb = _per_problem(xa, k), _per_problem(xb, k)
                 for metric, a, b in ((f"AVG@{k}", pa[0], pb[0]), (f"PASS@{k}", pa[1], pb[1])):
-                    diff, low, high = _paired(a, b)
+                    e = stats.paired(b - a)  # NaN bounds for a single problem
                     evals.append((run.model, run.method, run.seed, step, split, metric, a.mean(), b.mean(),
-                                  diff, low, high, len(a)))  # fmt: skip
+                                  e.estimate, e.ci_low, e.ci_high, len(a)))  # fmt: skip
         train += _training(first, second, run)
     cols = ["model", "method", "seed", "step", "split", "metric", "a", "b", "diff", "low", "high", "problems"]
     tcols = ["model", "method", "seed", "step", "metric", "a", "b"]
