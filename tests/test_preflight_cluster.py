@@ -21,6 +21,7 @@ from conftest import REPO, SNAKEMAKE_ON_SLURM, copy_workflow, filled, run, write
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 VLLM_VENV = REPO / ".venv-vllm"
+TINY = "calibrl-test/Qwen3-tiny"
 
 
 def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_path):  # noqa: F811
@@ -34,18 +35,22 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     (work / "slurm" / "config.yaml").write_text((REPO / "slurm" / "config.yaml").read_text())
     cfg = yaml.safe_load((REPO / "config" / "cluster_smoke.yaml").read_text())
     grid = cfg["grid"]
-    # two runs (a plain one, DLC's): the disk estimate fits this machine; the shapes are the smoke run's
+    # two runs (a plain one, DLC's); the shapes are the smoke run's
     grid["methods"] = {k: v for k, v in grid["methods"].items() if k in ("grpo", "dapo_iac_dlc")}
     grid["tables"] = {"table2_3": ["grpo"], "table4": ["dapo_iac_dlc"], "table5": ["grpo"], "figure6": ["grpo"]}
     grid["eval"].update(dtype="float32", enforce_eager=True)  # vLLM on CPU
     grid["models_dir"] = str(tmp_path / "hub")
     grid["models_lock"] = str(tmp_path / "models.lock.yaml")
+    # a tiny Qwen3 under its own name: the planner learns its shape from the downloaded config.json, so the disk
+    # check compares this host's free space with what these runs write (Qwen3-0.6B's checkpoints would need 57 GB)
+    for spec in (grid["models"]["qwen3-0.6b"], grid["memory_models"]["qwen3-0.6b-memory"]):
+        spec["hf_id"] = TINY
     grid["preflight"] = {"waive": ["gpus", "driver", "flash_attn", "canary"]}  # tests/test_rehearsal.py trains canaries
     cfg["results"] = str(tmp_path / "results")
     write_config(work / "smoke.yaml", cfg)
-    # the login node's download of Qwen/Qwen3-0.6B, pre-seeded (no Hub here): a tiny Qwen3 at a commit
+    # the login node's download, pre-seeded (no Hub here): a tiny Qwen3 at a commit
     tok = build_tokenizer()
-    folder = tmp_path / "hub" / "Qwen--Qwen3-0.6B" / "main"
+    folder = tmp_path / "hub" / TINY.replace("/", "--") / "main"
     # head_dim 64 (vLLM-CPU); positions for the runs' prompt + response (the training engine's max_model_len)
     positions = grid["train"]["max_prompt_len"] + grid["train"]["max_new_tokens"]
     model = build_model(
@@ -93,7 +98,8 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
     detail = {r["check"]: r for r in report["checks"]}
     assert "CPU build" in detail["gpus"]["detail"] and "cluster_env.sh" in detail["gpus"]["fix"]
     assert "build_flash_attn.sh" in detail["flash_attn"]["fix"]
-    assert detail["models"]["detail"] == "Qwen/Qwen3-0.6B@0a0a0a0a"  # both names, one locked folder
+    assert detail["models"]["detail"] == f"{TINY}@0a0a0a0a"  # both names, one locked folder
+    assert "for an estimated 0 GB" in detail["disk"]["detail"], detail["disk"]
     assert shape == "n1-gpu2"  # DLC colocated: the memory trainer shares the policy's two GPUs
     assert "1 node(s) x 2 GPU(s), token auth" in detail["ray"]["detail"]
     assert (
@@ -101,10 +107,11 @@ def test_the_preflight_runs_on_the_gpu_partition_and_passes(local_slurm, tmp_pat
         and "gloo (no CUDA) all-reduce" in detail["ray"]["detail"]
     )
     vllm = detail["vllm"]["detail"]  # the training runs' engine only: the evaluation jobs ask for one GPU (n1-gpu1)
-    assert vllm.startswith("training engine of qwen3-0.6b: Qwen--Qwen3-0.6B + DLC memory Qwen--Qwen3-0.6B (mu"), vllm
+    folder = TINY.replace("/", "--")
+    assert vllm.startswith(f"training engine of qwen3-0.6b: {folder} + DLC memory {folder} (mu"), vllm
     assert "DLCQwen3ForCausalLM), TP 1" in vllm and "bfloat16; worker extension DLCWorkerWrap in 1 worker(s)" in vllm
     assert "2 rollouts of [" in vllm and "sleep mode NOT CHECKED: vLLM has none on its cpu platform" in vllm
-    assert yaml.safe_load((tmp_path / "models.lock.yaml").read_text()) == {"Qwen/Qwen3-0.6B@main": "0a" * 20}
+    assert yaml.safe_load((tmp_path / "models.lock.yaml").read_text()) == {f"{TINY}@main": "0a" * 20}
     slurm_logs = list((work / ".snakemake" / "slurm_logs" / "rule_preflight").glob("**/*.log"))
     assert len(slurm_logs) == 1  # it ran as a SLURM job, not on the submitting host
 
