@@ -183,6 +183,7 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
     proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, faults))
+    rehearsal_setup.kill_leftovers(work)
     if proc.returncode == 0:
         rehearsal_setup.FINISHED["openrlhf"] = work / RESULTS
     return work, proc
@@ -384,7 +385,10 @@ def test_a_canary_whose_step_fails_fails_the_preflight_with_a_named_finding(rehe
     dead = subprocess.Popen(["true"])
     dead.wait()
     lock.write_text(f"{socket.gethostname()} {dead.pid} {extension_lock._pid_namespace()}\n")
-    failed = run([str(python), "-c", job, str(tmp_path / "p.json"), str(out)], cwd=work, timeout=900, env=env)
+    try:
+        failed = run([str(python), "-c", job, str(tmp_path / "p.json"), str(out)], cwd=work, timeout=900, env=env)
+    finally:  # no SLURM job around it: the failed launch's vLLM engines outlive it
+        rehearsal_setup.kill_leftovers(work)
     text = failed.stdout + failed.stderr
     assert failed.returncode != 0 and not out.exists(), text[-4000:]
     row = json.loads(Path(f"{out}.failed.json").read_text())["checks"][0]

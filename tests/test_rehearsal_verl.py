@@ -50,6 +50,9 @@ FAULTS = (("hang", 2), ("dead_engine", 3), ("before_hf", 4)) if CHOSEN else (("b
 # a chosen rehearsal's stall limit: a launch here logs its first step ~3.5 min after it starts, two at a time on two
 # cores, later ones seconds apart (CI keeps the layout's default, 60: a slower machine must not trip it)
 STALL_MINUTES = 8
+# the results folder of an earlier OpenRLHF rehearsal of the same methods (.../work/results/rehearsal), for the
+# cross-trainer test when this session rehearses verl alone
+REHEARSED_OPENRLHF = "CALIBRL_REHEARSED_OPENRLHF"
 
 
 def rehearsed() -> dict:
@@ -109,6 +112,7 @@ def rehearsal(local_slurm, tmp_path_factory):  # noqa: F811
     cmd = [*SNAKEMAKE_ON_SLURM, "--profile", "slurm", "--profile", "rehearsal_profile.yaml", *targets,
            "--configfile", "rehearsal.yaml"]  # fmt: skip
     proc = run(cmd, cwd=work, timeout=7200, env=_env(tmp, spec))
+    rehearsal_setup.kill_leftovers(work)
     if proc.returncode == 0:
         rehearsal_setup.FINISHED["verl"] = work / RESULTS
     return work, proc
@@ -246,10 +250,13 @@ def test_both_trainers_side_by_side(rehearsal):
     and two steps they say what changed, not which trainer is better."""
     work, proc = rehearsal
     assert proc.returncode == 0, proc.stderr[-6000:]
-    if "openrlhf" not in rehearsal_setup.FINISHED:
-        pytest.skip("OpenRLHF's rehearsal did not finish in this pytest session (make rehearsal runs both trainers)")
+    # OpenRLHF's results: its rehearsal's in this pytest session, else those of an earlier one of the same methods
+    openrlhf = rehearsal_setup.FINISHED.get("openrlhf") or os.environ.get(REHEARSED_OPENRLHF)
+    if not openrlhf:
+        pytest.skip(f"OpenRLHF's rehearsal did not finish in this pytest session and {REHEARSED_OPENRLHF} is unset "
+                    "(make rehearsal runs both trainers)")  # fmt: skip
     out = work / "trainers.md"
-    cli = [sys.executable, "-m", "calibrl.cli", "trainers", str(rehearsal_setup.FINISHED["openrlhf"]),
+    cli = [sys.executable, "-m", "calibrl.cli", "trainers", str(openrlhf),
            str(rehearsal_setup.FINISHED["verl"]), "--out", str(out), "--csv", str(work / "trainers.csv")]  # fmt: skip
     done = run(cli, cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
