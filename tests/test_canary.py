@@ -70,7 +70,12 @@ def test_the_canary_runs_last_and_is_waivable_by_name(tmp_path):
 @pytest.mark.parametrize(
     "tail, meaning",
     [
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "a GPU ran out of memory"),
+        (  # Ray's memory monitor (a verl rehearsal's canary beside leaked engines): host memory, not a GPU's
+            "ray.exceptions.OutOfMemoryError: 1 worker(s) were killed due to the node running low on memory.\n"
+            "(raylet) Refer to the documentation on how to address the out of memory issue",
+            "host memory ran low",
+        ),
         ("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", "NCCL collective failed"),
         ("calibrl...DivergenceCheckFailed: DLC at step 1: the engines' sampling logprobs differ", "another distri"),
         ("ERROR calibrl.gpu.watchdog: the's trainer of m/dlc/s0: no progress for 61.0 min (limit 60.0 min)", "no step"),

@@ -54,6 +54,10 @@ TAIL = 40  # log lines searched for a known cause
 # (what a log line says, what it means, the fix): the first match names the failure
 CAUSES = (
     ("rehearsal fault", "an injected rehearsal fault killed the job", "none: the rehearsal's fault test"),
+    # before the GPU's: Ray's memory monitor says "out of memory" too
+    ("running low on memory", "the node's host memory ran low: Ray's memory monitor killed a worker",
+     "ask for more host memory (the profile's mem_mb for the rule) or run fewer jobs per node; set adam_offload / "
+     "ref_offload only where host memory is ample (docs/cluster.md, memory per GPU)"),
     ("out of memory", "a GPU ran out of memory",
      "lower vllm_gpu_memory_utilization or max_tokens_per_gpu, or set adam_offload / ref_offload in the model's "
      "resources (docs/cluster.md, memory per GPU)"),
