@@ -57,7 +57,7 @@ CAUSES = (
     # before the GPU's: Ray's memory monitor says "out of memory" too
     ("running low on memory", "the node's host memory ran low: Ray's memory monitor killed a worker",
      "ask for more host memory (the profile's mem_mb for the rule) or run fewer jobs per node; set adam_offload / "
-     "ref_offload only where host memory is ample (docs/cluster.md, memory per GPU)"),
+     "ref_offload only where host memory is ample (docs/cluster.md, GPUs per run)"),
     ("out of memory", "a GPU ran out of memory",
      "lower vllm_gpu_memory_utilization or max_tokens_per_gpu, or set adam_offload / ref_offload in the model's "
      "resources (docs/cluster.md, memory per GPU)"),
