@@ -267,6 +267,7 @@ def test_rank_job_matches_the_cpu_sampler_and_the_exact_rates(ckpt, truth, tmp_p
     out = json.loads((tmp_path / "success.json").read_text())
     rates = out["rates"]
     assert out["commit"] == "ab" * 20 and not (tmp_path / "success.json.partial.jsonl").exists()
+    assert str(tmp_path) not in (tmp_path / "success.json").read_text()  # where the model is: no part of the file
 
     # A job killed at its time limit kept the first half of its ranking; the retry ranks only the rest, and every
     # rate is the one a single job gives (each query's seed is its own). A torn last line is not trusted.

@@ -405,7 +405,9 @@ def rank_job(params: dict, train_path: str, out_path: str, workers: int = 1) -> 
     partial = f"{out_path}.partial.jsonl"
     with Scorer(workers=workers) as scorer:
         rates = rank_queries(params, records, scorer.grades, partial)
-    model = {"model": params["hf_id"], "revision": params["revision"], "commit": commit, "path": params["model"]}
+    # the model by name and commit, not by folder: the file's digest is an input of the filtering runs, whose identity
+    # the models' location is no part of (calibrl.checkpoints); a path here made two copies of a grid differ
+    model = {"model": params["hf_id"], "revision": params["revision"], "commit": commit}
     write_json(out_path, {**model, "samples": params["samples"], "rates": rates})
     if os.path.exists(partial):
         os.remove(partial)
