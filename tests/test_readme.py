@@ -25,7 +25,7 @@ README_LINES = 200  # a guide; the reference is in docs/
 # Commands that do not run here, each with where it is tested or why not (matched at the start of a command).
 ELSEWHERE = {
     "make run": "the embedded default (about 85 min on 2 cores): benchmarks/embedded_default.py times it",
-    "make rehearsal": "tests/test_rehearsal.py (CALIBRL_REHEARSAL=all: an hour); make test runs its DLC run",
+    "make rehearsal": "tests/test_rehearsal*.py (CALIBRL_REHEARSAL=all: two hours); make test runs each DLC run",
     "make test": "CI's own command (.ci/run)",
     ".venv/bin/snakemake --report": "tests/test_workflow_grid.py makes the report of a finished micro grid",
     ".venv/bin/calibrl tables": "tests/test_workflow_grid.py prints the tables of a finished micro grid",

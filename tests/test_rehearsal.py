@@ -43,7 +43,7 @@ FAULTED = f"{MODEL}/dapo_iac_dlc/s0"
 PAPER = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
 # A training launch costs ~2.5 min of this machine's two cores (seven processes import torch, DeepSpeed and vLLM;
 # Ray and the engines start), ~4 min beside the rest of the suite; an evaluation ~1-2 min: every method (22
-# segments, 21 evaluations, the canary's six launches) is ~100 min, more than CI's whole budget. `make test` runs the
+# segments, 21 evaluations, the canary's six launches) is ~53 min, more than the suite's budget. `make test` runs the
 # DLC run that carries the faults (DAPO+IAC+DLC: every code path of the driver, Ray, vLLM and DeepSpeed the rest
 # share) behind its preflight's canary (the DLC kind's two launches), and the canary's failing path below.
 # CALIBRL_REHEARSAL: "all", or methods (comma-separated) to rehearse again; unset: the CI subset
