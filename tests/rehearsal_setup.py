@@ -158,23 +158,13 @@ def segment_logs(work: Path, run: str, end: int) -> list[str]:
 
 
 def kill_leftovers(root: Path) -> list[int]:
-    """SIGKILL every process of a run under ``root`` (its environment names a settings.json there, as every process of
-    a run's Ray workers does) still alive; their pids. The local SLURM tracks a job's processes by pid, not by cgroup
-    as a GPU site does, so a vLLM engine of a failed or cancelled job outlives it (its parent gone), holding GBs of
-    this host's memory under the next rehearsal: each rehearsal ends with this."""
-    import psutil
+    """SIGKILL every process of a run under ``root`` still alive (``calibrl.gpu.leftovers``); their pids. The local
+    SLURM tracks a job's processes by pid, not by cgroup as a GPU site does, so a vLLM engine of a cancelled job
+    (its launcher killed before it could clean up) outlives it, holding GBs of this host's memory under the next
+    rehearsal: each rehearsal ends with this."""
+    from calibrl.gpu import leftovers
 
-    from calibrl.checkpoints import SETTINGS_ENV
-
-    root, killed = str(Path(root).resolve()), []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(SETTINGS_ENV, "").startswith(root + "/"):
-                proc.kill()
-                killed.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return killed
+    return leftovers.kill(root, under=True)
 
 
 def train_rows() -> list[dict]:

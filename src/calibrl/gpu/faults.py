@@ -63,23 +63,13 @@ def kill_engines(marks: str | Path, name: str) -> int:
     """Kill (SIGKILL) the vLLM engine processes of this run (those whose environment names its settings.json, as
     every process of the run's Ray workers does) unless fault ``name`` has fired before; how many. None found is an
     error: the fault would test nothing."""
-    import psutil
-
     from calibrl.checkpoints import SETTINGS_ENV
+    from calibrl.gpu import leftovers
 
     if not _once(marks, name):
         return 0
     ours = os.environ[SETTINGS_ENV]
-    killed = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        try:
-            if ENGINE not in " ".join(proc.info["cmdline"] or [proc.info["name"] or ""]):
-                continue
-            if proc.environ().get(SETTINGS_ENV) == ours:
-                proc.kill()
-                killed.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
+    killed = leftovers.kill(ours, name=ENGINE)
     if not killed:
         raise RuntimeError(f"rehearsal fault {name}: no {ENGINE} process of this run ({SETTINGS_ENV}={ours})")
     log.warning("rehearsal fault %s: killed the run's vLLM engine processes %s", name, killed)

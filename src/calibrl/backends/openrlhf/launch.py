@@ -35,7 +35,7 @@ from calibrl import offline, plugins
 from calibrl.backends.openrlhf import cpu_standins, hook, rehearsal_faults, resume, steps
 from calibrl.backends.openrlhf.command import build_command, check_openrlhf_argv
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
-from calibrl.gpu import watchdog
+from calibrl.gpu import leftovers, watchdog
 from calibrl.gpu.patching import Target, when_imported
 from calibrl.runs import checkpoint_steps
 
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv = saved
     finally:
         ray.shutdown()
+        leftovers.kill(settings_path)  # engines an actor left behind (no cgroup ends them on some sites)
 
     done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
     missing = sorted(set(checkpoint_steps(eval_every, stop_at)) - set(done))

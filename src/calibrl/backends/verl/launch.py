@@ -33,7 +33,7 @@ from calibrl.backends.verl.command import build_overrides, check_overrides, ckpt
 from calibrl.backends.verl.data import PROMPTS
 from calibrl.backends.verl.hf_copies import HF, evaluated_steps, hf_target, keep_hf
 from calibrl.checkpoints import SETTINGS_ENV, RunStamp
-from calibrl.gpu import faults, watchdog
+from calibrl.gpu import faults, leftovers, watchdog
 from calibrl.runs import checkpoint_steps
 
 log = logging.getLogger("calibrl.verl.launch")
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv = saved
     finally:
         ray.shutdown()
+        leftovers.kill(settings_path)  # engines an actor left behind (no cgroup ends them on some sites)
 
     repair(ckpt, stamp)
     done = write_markers(ckpt, run_dir / "ckpt", eval_every, stop_at)
