@@ -45,3 +45,17 @@ def test_the_launcher_itself_and_its_parents_are_spared(tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "-9"]
+
+
+def test_what_ends_within_the_grace_is_not_killed(tmp_path):
+    """After ``ray.shutdown()`` Ray ends a job's workers itself within seconds: the launcher waits that long and kills
+    only what outlives it."""
+    settings = str(tmp_path / "r/settings.json")
+    ending, stuck = start(settings, code="import time; time.sleep(1)"), start(settings)
+    try:
+        assert leftovers.kill(settings, grace_s=20) == [stuck.pid]
+        assert ending.wait(timeout=30) == 0 and stuck.wait(timeout=30) == -9
+    finally:
+        for proc in (ending, stuck):
+            proc.kill()
+            proc.wait()

@@ -5,8 +5,8 @@ so do the vLLM engine processes those workers start).
 Why: ``ray.shutdown()`` ends a job's actors, but a vLLM engine core an actor started is its child process, and
 where the actor dies uncleanly the engine is reparented and lives on, holding its GPU's memory (or, on a CPU
 rehearsal, GBs of the host's). A SLURM with ``proctrack/cgroup`` ends it with the job; one that tracks processes by
-pid, and a launch outside SLURM, do not. The launchers call :func:`kill` when their trainer returns or fails; the
-rehearsal tests call it for a whole work folder.
+pid, and a launch outside SLURM, do not. The launchers call :func:`kill` when their trainer returns or fails (after a
+grace for Ray's own shutdown, :data:`GRACE_S`); the rehearsal tests call it for a whole work folder.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 
 log = logging.getLogger("calibrl.gpu.leftovers")
+
+GRACE_S = 30.0  # a launcher waits this long after ray.shutdown() for its run's workers to end by themselves
 
 
 def processes(settings: str | Path, *, under: bool = False, name: str = ""):
@@ -40,17 +42,22 @@ def processes(settings: str | Path, *, under: bool = False, name: str = ""):
     return found
 
 
-def kill(settings: str | Path, *, under: bool = False, name: str = "") -> list[int]:
-    """SIGKILL :func:`processes` (same arguments); the pids it killed."""
+def kill(settings: str | Path, *, under: bool = False, name: str = "", grace_s: float = 0.0) -> list[int]:
+    """SIGKILL :func:`processes` (same arguments) still alive after ``grace_s`` seconds; the pids it killed. The grace
+    is for what ends by itself: after ``ray.shutdown()`` Ray ends the job's workers within seconds, and only what
+    outlives that is left behind."""
     import psutil
 
+    procs = processes(settings, under=under, name=name)
+    if procs and grace_s > 0:
+        procs = psutil.wait_procs(procs, timeout=grace_s)[1]
     killed = []
-    for proc in processes(settings, under=under, name=name):
+    for proc in procs:
         try:
+            what = f"{proc.pid} {proc.name()}"
             proc.kill()
             killed.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    if killed:
-        log.warning("killed %d process(es) left behind by the run of %s: %s", len(killed), settings, killed)
+        log.warning("killed a process the run of %s left behind: %s", settings, what)
     return killed

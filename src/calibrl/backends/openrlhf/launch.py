@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv = saved
     finally:
         ray.shutdown()
-        leftovers.kill(settings_path)  # engines an actor left behind (no cgroup ends them on some sites)
+        leftovers.kill(settings_path, grace_s=leftovers.GRACE_S)  # engines an actor left (no cgroup ends them)
 
     done = write_markers(ckpt_dir, run_dir / "ckpt", eval_every, stop_at)
     missing = sorted(set(checkpoint_steps(eval_every, stop_at)) - set(done))

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv = saved
     finally:
         ray.shutdown()
-        leftovers.kill(settings_path)  # engines an actor left behind (no cgroup ends them on some sites)
+        leftovers.kill(settings_path, grace_s=leftovers.GRACE_S)  # engines an actor left (no cgroup ends them)
 
     repair(ckpt, stamp)
     done = write_markers(ckpt, run_dir / "ckpt", eval_every, stop_at)
