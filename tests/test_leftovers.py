@@ -51,9 +51,9 @@ def test_what_ends_within_the_grace_is_not_killed(tmp_path):
     """After ``ray.shutdown()`` Ray ends a job's workers itself within seconds: the launcher waits that long and kills
     only what outlives it."""
     settings = str(tmp_path / "r/settings.json")
-    ending, stuck = start(settings, code="import time; time.sleep(1)"), start(settings)
+    ending, stuck = start(settings, code="import time; time.sleep(0.5)"), start(settings)
     try:
-        assert leftovers.kill(settings, grace_s=20) == [stuck.pid]
+        assert leftovers.kill(settings, grace_s=8) == [stuck.pid]
         assert ending.wait(timeout=30) == 0 and stuck.wait(timeout=30) == -9
     finally:
         for proc in (ending, stuck):
